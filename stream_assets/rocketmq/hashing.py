@@ -1,0 +1,29 @@
+"""The stable key hash that routes a key to a queue.
+
+Must give the same queue in every process and Python version, so it is not
+Python's salted ``hash()``. MD5 of the UTF-8 key, like RocketMQ Streams 1.1,
+folded to a non-negative 31-bit int (the C++ client's queue selector takes a C
+``int``); the queue is that value modulo the queue count.
+
+Example::
+
+    >>> queue_for_key("user-42", 8)
+    7
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def key_hash(key: str | bytes) -> int:
+    """A stable, non-negative 31-bit hash of ``key``."""
+    data = key.encode("utf-8") if isinstance(key, str) else key
+    return int.from_bytes(hashlib.md5(data, usedforsecurity=False).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def queue_for_key(key: str | bytes, queue_count: int) -> int:
+    """The queue id ``key`` is routed to among ``queue_count`` queues."""
+    if queue_count <= 0:
+        raise ValueError(f"queue_count must be positive, got {queue_count}")
+    return key_hash(key) % queue_count

@@ -1,0 +1,108 @@
+"""Decoding of the stored-message format the broker returns to a pull.
+
+Written by hand (no Python library decodes it). Layout per message, big-endian,
+as in the broker's commit log: total size, magic code, body CRC, queue id,
+flag, queue offset, physical offset, sys flag, born timestamp, born host,
+store timestamp, store host, reconsume times, prepared transaction offset,
+body length + body, topic length (1 byte, or 2 with the V2 magic) + topic,
+properties length (2 bytes) + properties (``k\\x01v\\x02`` pairs).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from stream_assets.rocketmq.records import Record
+
+_MAGIC_V1 = -626843481  # 0xDAA320A7: topic length is one byte
+_MAGIC_V2 = -626843477  # 0xDAA320AB: topic length is two bytes
+_FLAG_COMPRESSED = 0x1
+_FLAG_BORNHOST_V6 = 0x1 << 4
+_FLAG_STOREHOST_V6 = 0x1 << 5
+_COMPRESSION_TYPE_MASK = 0x7 << 8  # 5.x: 0 / zlib=3<<8 (lz4 and zstd are not decoded here)
+_COMPRESSION_ZLIB = 0x3 << 8
+
+_HEAD = struct.Struct(">iiiiiqqiq")  # size .. born timestamp
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+
+
+def decode_properties(text: str) -> dict[str, str]:
+    """Parse the ``k\\x01v\\x02`` property string."""
+    props: dict[str, str] = {}
+    for item in text.split(PROPERTY_SEPARATOR):
+        if item:
+            name, _, value = item.partition(NAME_VALUE_SEPARATOR)
+            props[name] = value
+    return props
+
+
+def decode_messages(buf: bytes) -> list[Record]:
+    """Decode every message in a pull response body, in stored order."""
+    records: list[Record] = []
+    pos, end = 0, len(buf)
+    while pos < end:
+        (
+            total,
+            magic,
+            _crc,
+            queue_id,
+            _flag,
+            queue_offset,
+            _phys,
+            sys_flag,
+            born_ts,
+        ) = _HEAD.unpack_from(buf, pos)
+        if magic not in (_MAGIC_V1, _MAGIC_V2):
+            raise ValueError(f"bad message magic code {magic:#x} at byte {pos}")
+        p = pos + _HEAD.size
+        p += 20 if sys_flag & _FLAG_BORNHOST_V6 else 8
+        (store_ts,) = _I64.unpack_from(buf, p)
+        p += 8
+        p += 20 if sys_flag & _FLAG_STOREHOST_V6 else 8
+        p += 4 + 8  # reconsume times, prepared transaction offset
+        (body_len,) = _I32.unpack_from(buf, p)
+        p += 4
+        body = bytes(buf[p : p + body_len])
+        p += body_len
+        if sys_flag & _FLAG_COMPRESSED:
+            ctype = sys_flag & _COMPRESSION_TYPE_MASK
+            if ctype not in (0, _COMPRESSION_ZLIB):
+                raise ValueError(f"message compression type {ctype >> 8} is not supported")
+            body = zlib.decompress(body)
+        if magic == _MAGIC_V2:
+            (topic_len,) = _U16.unpack_from(buf, p)
+            p += 2
+        else:
+            topic_len = buf[p]
+            p += 1
+        topic = buf[p : p + topic_len].decode("utf-8")
+        p += topic_len
+        (props_len,) = _U16.unpack_from(buf, p)
+        p += 2
+        props = decode_properties(buf[p : p + props_len].decode("utf-8")) if props_len else {}
+        keys_text = props.get(PROPERTY_KEYS, "")
+        records.append(
+            Record(
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=queue_offset,
+                body=body,
+                keys=tuple(keys_text.split(" ")) if keys_text else (),
+                tags=props.get(PROPERTY_TAGS),
+                properties=props,
+                born_timestamp=born_ts,
+                store_timestamp=store_ts,
+                msg_id=props.get(PROPERTY_UNIQ_KEY, ""),
+            )
+        )
+        pos += total
+    return records

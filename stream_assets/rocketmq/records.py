@@ -1,0 +1,46 @@
+"""What the data plane hands out: one stored message, as read from a queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message of one queue, with its position and broker timestamps.
+
+    ``body`` is the exact bytes that were sent (never decoded). ``keys`` are
+    the message keys (RocketMQ allows several, space-separated on the wire).
+
+    Example::
+
+        >>> r = Record("t", 0, 7, b"\\xff\\x00", keys=("k",))
+        >>> (r.queue_id, r.queue_offset, r.body)
+        (0, 7, b'\\xff\\x00')
+    """
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    keys: tuple[str, ...] = ()
+    tags: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    born_timestamp: int = 0
+    store_timestamp: int = 0
+    msg_id: str = ""
+
+    @property
+    def key(self) -> str | None:
+        """The first message key, or None."""
+        return self.keys[0] if self.keys else None
+
+
+@dataclass(frozen=True, slots=True)
+class SendReceipt:
+    """Where a sent message was stored."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str

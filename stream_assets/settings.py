@@ -1,0 +1,139 @@
+"""Configuration for stream-assets, read from the environment by pydantic-settings.
+
+One configuration story for the CLI, the tests and the Dagster resources: every
+field can be set by an environment variable (prefix shown per class) and the
+Dagster resources in ``resources/`` are built from the same classes.
+
+Example::
+
+    >>> import os
+    >>> os.environ["STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR"] = "127.0.0.1:9876"
+    >>> RocketMQSettings().namesrv_addr
+    '127.0.0.1:9876'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The repository checkout this package runs from (the package is installed
+#: editable by infra/dev.sh); infra/ files and the .local/ data dir live here.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: Default broker/client message size limit, the broker's own default.
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
+def local_dir() -> Path:
+    """Where everything stream-assets writes locally lives (broker data, logs, state)."""
+    return PathsSettings().local_dir
+
+
+class PathsSettings(BaseSettings):
+    """Project-local data directory (env prefix ``STREAM_ASSETS_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_", extra="ignore")
+
+    local_dir: Path = Field(
+        default=PROJECT_ROOT / ".local",
+        description="Root for broker data, client logs, RocksDB state and Dagster storage.",
+    )
+
+
+class RocketMQSettings(BaseSettings):
+    """How the client layer reaches RocketMQ (env prefix ``STREAM_ASSETS_ROCKETMQ_``).
+
+    Credentials are ``SecretStr``: they never appear in ``repr``, logs or errors.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_ROCKETMQ_", extra="ignore")
+
+    namesrv_addr: str = Field(
+        default="127.0.0.1:9876",
+        description="Name server address(es), 'host:port' separated by ';'.",
+    )
+    access_key: SecretStr | None = Field(default=None, description="ACL access key.")
+    secret_key: SecretStr | None = Field(default=None, description="ACL secret key.")
+    request_timeout_s: float = Field(
+        default=5.0, gt=0, description="Bound on one remoting request (connect + reply)."
+    )
+    send_timeout_ms: int = Field(default=3000, gt=0, description="Producer send timeout.")
+    send_retries: int = Field(
+        default=3, ge=0, description="Retries of a failed sync send (tenacity, exponential)."
+    )
+    max_message_size: int = Field(
+        default=DEFAULT_MAX_MESSAGE_SIZE,
+        gt=0,
+        description="Largest message body accepted; keep at or below the broker's maxMessageSize.",
+    )
+    producer_group: str = Field(default="stream-assets-producer")
+    client_log_dir: Path | None = Field(
+        default=None, description="Where the C++ client writes its logs (default .local/logs)."
+    )
+
+    @field_validator("namesrv_addr")
+    @classmethod
+    def _check_addr(cls, value: str) -> str:
+        for addr in value.split(";"):
+            host, sep, port = addr.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(
+                    f"namesrv_addr {value!r}: each address must be 'host:port' "
+                    "(several separated by ';')"
+                )
+        return value
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        """The name server addresses as a list."""
+        return [a.strip() for a in self.namesrv_addr.split(";") if a.strip()]
+
+    def resolved_client_log_dir(self) -> Path:
+        """The client log directory, defaulting under the project-local dir."""
+        return self.client_log_dir or local_dir() / "logs" / "rocketmq-client"
+
+
+class BrokerSettings(BaseSettings):
+    """The local Apache RocketMQ namesrv + broker (env prefix ``STREAM_ASSETS_BROKER_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_BROKER_", extra="ignore")
+
+    version: str = Field(default="5.3.3", description="Apache RocketMQ version (Maven Central).")
+    host: str = Field(default="127.0.0.1", description="Address both JVMs bind to and announce.")
+    namesrv_port: int = Field(default=9876, gt=0, lt=65536)
+    broker_port: int = Field(default=10911, gt=2, lt=65535)
+    auto_create_topics: bool = Field(
+        default=False,
+        description="Broker autoCreateTopicEnable; off so a misspelt topic is an error.",
+    )
+    namesrv_heap: str = Field(default="256m")
+    broker_heap: str = Field(default="1g")
+    commitlog_file_size: int = Field(
+        default=128 * 1024 * 1024, description="mappedFileSizeCommitLog (smaller than 1 GiB)."
+    )
+    max_message_size: int = Field(default=DEFAULT_MAX_MESSAGE_SIZE, gt=0)
+    start_timeout_s: float = Field(default=90.0, gt=0)
+    home: Path | None = Field(
+        default=None, description="Data and logs of both JVMs (default .local/rocketmq)."
+    )
+
+    def resolved_home(self) -> Path:
+        """The broker home, defaulting under the project-local dir."""
+        return self.home or local_dir() / "rocketmq"
+
+    @property
+    def namesrv_addr(self) -> str:
+        """The address clients use to reach this name server."""
+        return f"{self.host}:{self.namesrv_port}"
+
+    @property
+    def broker_ports(self) -> dict[str, int]:
+        """Every port the broker JVM listens on, by RocketMQ's own derivation."""
+        return {
+            "broker": self.broker_port,
+            "broker VIP channel (broker port - 2)": self.broker_port - 2,
+            "broker HA (broker port + 1)": self.broker_port + 1,
+        }
