@@ -1,0 +1,91 @@
+"""The ``stream-assets`` command line.
+
+Examples::
+
+    stream-assets broker start          # resolve + start the local RocketMQ
+    stream-assets topic create orders --queues 8
+    stream-assets topic offsets orders
+    stream-assets roundtrip             # produce and read back, printing what it did
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from stream_assets.rocketmq.errors import RocketMQError
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from stream_assets.broker.local import LocalBroker
+
+    broker = LocalBroker()
+    if args.action == "start":
+        broker.start()
+    elif args.action == "stop":
+        broker.stop()
+        print("RocketMQ stopped")
+    else:
+        status = broker.status()
+        print(status.describe())
+        return 0 if status.serving else 3
+    return 0
+
+
+def _topic(args: argparse.Namespace) -> int:
+    from stream_assets.rocketmq.admin import RocketMQAdmin
+
+    with RocketMQAdmin() as admin:
+        if args.action == "create":
+            route = admin.create_topic(args.name, args.queues)
+            print(f"topic {args.name}: {route.write_queue_count} queues")
+        else:
+            for q in admin.queue_offsets(args.name):
+                print(f"{q.queue.topic}[{q.queue.queue_id}] min={q.min_offset} max={q.max_offset}")
+    return 0
+
+
+def _roundtrip(args: argparse.Namespace) -> int:
+    from stream_assets.roundtrip import run_roundtrip
+
+    report = run_roundtrip(messages=args.messages, queues=args.queues)
+    print(report.describe())
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``stream-assets``."""
+    parser = argparse.ArgumentParser(prog="stream-assets", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    broker = sub.add_parser("broker", help="the local Apache RocketMQ namesrv + broker")
+    broker.add_argument("action", choices=["start", "stop", "status"])
+    broker.set_defaults(func=_broker)
+
+    topic = sub.add_parser("topic", help="create a topic or show its queue offsets")
+    topic.add_argument("action", choices=["create", "offsets"])
+    topic.add_argument("name")
+    topic.add_argument("--queues", type=int, default=8)
+    topic.set_defaults(func=_topic)
+
+    rt = sub.add_parser("roundtrip", help="produce messages and read them back")
+    rt.add_argument("--messages", type=int, default=1000)
+    rt.add_argument("--queues", type=int, default=8)
+    rt.set_defaults(func=_roundtrip)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``stream-assets`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (RocketMQError, ValueError) as exc:
+        print(f"stream-assets: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

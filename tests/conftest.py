@@ -1,0 +1,53 @@
+"""Shared fixtures: the real RocketMQ broker for integration tests.
+
+Integration tests run against a broker of their own (ports 19876/20911, data
+under .local/test-rocketmq) so they never disturb a developer's broker. It is
+started once per session, reused if already running, and left running after
+the session (the next run reuses it; `stream-assets broker stop` with the same
+env, or infra/dev.sh, stops it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from stream_assets.broker.local import LocalBroker
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.settings import BrokerSettings, RocketMQSettings, local_dir
+
+TEST_NAMESRV_PORT = int(os.environ.get("STREAM_ASSETS_TEST_NAMESRV_PORT", "19876"))
+TEST_BROKER_PORT = int(os.environ.get("STREAM_ASSETS_TEST_BROKER_PORT", "20911"))
+
+
+def test_broker_settings() -> BrokerSettings:
+    """Settings of the integration-test broker."""
+    return BrokerSettings(
+        namesrv_port=TEST_NAMESRV_PORT,
+        broker_port=TEST_BROKER_PORT,
+        home=local_dir() / "test-rocketmq",
+        auto_create_topics=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[LocalBroker]:
+    """The started integration-test broker."""
+    local = LocalBroker(test_broker_settings())
+    local.start()
+    yield local
+
+
+@pytest.fixture(scope="session")
+def client_settings(broker: LocalBroker) -> RocketMQSettings:
+    """Client settings pointing at the test broker."""
+    return broker.client_settings()
+
+
+@pytest.fixture
+def admin(client_settings: RocketMQSettings) -> Iterator[RocketMQAdmin]:
+    """A control-plane client for the test broker."""
+    with RocketMQAdmin(client_settings) as a:
+        yield a
