@@ -22,7 +22,7 @@ TEST_NAMESRV_PORT = int(os.environ.get("STREAM_ASSETS_TEST_NAMESRV_PORT", "19876
 TEST_BROKER_PORT = int(os.environ.get("STREAM_ASSETS_TEST_BROKER_PORT", "20911"))
 
 
-def test_broker_settings() -> BrokerSettings:
+def integration_broker_settings() -> BrokerSettings:
     """Settings of the integration-test broker."""
     return BrokerSettings(
         namesrv_port=TEST_NAMESRV_PORT,
@@ -35,7 +35,7 @@ def test_broker_settings() -> BrokerSettings:
 @pytest.fixture(scope="session")
 def broker() -> Iterator[LocalBroker]:
     """The started integration-test broker."""
-    local = LocalBroker(test_broker_settings())
+    local = LocalBroker(integration_broker_settings())
     local.start()
     yield local
 
