@@ -2,9 +2,8 @@
 
 Integration tests run against a broker of their own (ports 19876/20911, data
 under .local/test-rocketmq) so they never disturb a developer's broker. It is
-started once per session, reused if already running, and left running after
-the session (the next run reuses it; `stream-assets broker stop` with the same
-env, or infra/dev.sh, stops it).
+started once per session, or reused if already running; a broker this session
+started is stopped at its end, one it found running is left running.
 """
 
 from __future__ import annotations
@@ -36,8 +35,11 @@ def integration_broker_settings() -> BrokerSettings:
 def broker() -> Iterator[LocalBroker]:
     """The started integration-test broker."""
     local = LocalBroker(integration_broker_settings())
+    was_running = local.status().serving
     local.start()
     yield local
+    if not was_running:
+        local.stop()
 
 
 @pytest.fixture(scope="session")

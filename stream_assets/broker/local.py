@@ -113,8 +113,13 @@ class LocalBroker:
         )
         tmp = cp_file.with_suffix(".tmp")
         cmd = [
-            mvn, "-B", "-f", str(POM), "dependency:build-classpath",
-            f"-Drocketmq.version={self.settings.version}", f"-Dmdep.outputFile={tmp}",
+            mvn,
+            "-B",
+            "-f",
+            str(POM),
+            "dependency:build-classpath",
+            f"-Drocketmq.version={self.settings.version}",
+            f"-Dmdep.outputFile={tmp}",
         ]
         downloaded = 0
         tail: list[str] = []
@@ -180,7 +185,9 @@ class LocalBroker:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         if status.namesrv_pid is None:
             self._check_port_free(self.settings.namesrv_port, "name server")
-            self._spawn("namesrv", _NAMESRV_MAIN, cp, self.settings.namesrv_heap, self._namesrv_conf())
+            self._spawn(
+                "namesrv", _NAMESRV_MAIN, cp, self.settings.namesrv_heap, self._namesrv_conf()
+            )
         if status.broker_pid is None:
             for what, port in self.settings.broker_ports.items():
                 self._check_port_free(port, what)
@@ -252,19 +259,34 @@ class LocalBroker:
         return path
 
     def _spawn(self, role: str, main: str, cp: str, heap: str, conf: Path) -> None:
-        java = str(Path(os.environ["JAVA_HOME"]) / "bin" / "java") if "JAVA_HOME" in os.environ else "java"
+        java = (
+            str(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
+            if "JAVA_HOME" in os.environ
+            else "java"
+        )
         cmd = [
-            java, f"-Xms{heap}", f"-Xmx{heap}", "-XX:+UseG1GC",
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
             f"-Duser.home={self.home}",  # RocketMQ logs to ${user.home}/logs/rocketmqlogs
             "-Dlogback.statusListenerClass=ch.qos.logback.core.status.NopStatusListener",
-            "-cp", cp, main, "-c", str(conf),
+            "-cp",
+            cp,
+            main,
+            "-c",
+            str(conf),
         ]
         env = {**os.environ, "ROCKETMQ_HOME": str(self.home)}
         self.progress(f"starting {role} ({main.rsplit('.', 1)[-1]}, heap {heap})")
         with self._log_file(role).open("ab") as log:
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,  # survives the CLI that started it
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # survives the CLI that started it
             )
         self._pid_file(role).write_text(str(proc.pid))
 

@@ -155,7 +155,11 @@ class RocketMQAdmin:
             if _MASTER_ID in b.get("brokerAddrs", {})
         }
         brokers = {
-            q["brokerName"]: (masters[q["brokerName"]], int(q["readQueueNums"]), int(q["writeQueueNums"]))
+            q["brokerName"]: (
+                masters[q["brokerName"]],
+                int(q["readQueueNums"]),
+                int(q["writeQueueNums"]),
+            )
             for q in data.get("queueDatas", [])
             if q["brokerName"] in masters
         }
@@ -244,7 +248,9 @@ class RocketMQAdmin:
 
     # -- offsets -----------------------------------------------------------
 
-    def _broker_call(self, queue: MessageQueue, code: int, fields: dict[str, str]) -> RemotingCommand:
+    def _broker_call(
+        self, queue: MessageQueue, code: int, fields: dict[str, str]
+    ) -> RemotingCommand:
         addr = self.broker_addr(queue)
         try:
             return self._pool.get(addr, f"broker {queue.broker_name}").call(code, fields)
@@ -260,7 +266,9 @@ class RocketMQAdmin:
             return cached[0]
         route = self.route(queue.topic)
         if queue.broker_name not in route.brokers:
-            raise RocketMQError(f"topic {queue.topic!r} has no queues on broker {queue.broker_name!r}")
+            raise RocketMQError(
+                f"topic {queue.topic!r} has no queues on broker {queue.broker_name!r}"
+            )
         addr = route.brokers[queue.broker_name][0]
         self._addr_cache[cache_key] = (addr, time.monotonic())
         return addr

@@ -79,8 +79,9 @@ class Producer:
         self._chosen = -1
         self._selector = QUEUE_SELECTOR_CALLBACK(self._select)
 
-    def _select(self, mq_size: int, _msg: object, arg: object) -> int:
-        value = ctypes.cast(arg, ctypes.POINTER(ctypes.c_int))[0]
+    def _select(self, mq_size: int, _msg: int | None, arg: int | None) -> int:
+        assert arg is not None, "send() always passes a selector argument"
+        value = ctypes.c_int.from_address(arg).value
         self._chosen = value % mq_size
         return self._chosen
 

@@ -99,11 +99,11 @@ class QueueReader:
             return PullBatch(queue, PullStatus.NO_NEW_MESSAGES, [], *bounds)
         if reply.code == ResponseCode.PULL_OFFSET_MOVED:
             return PullBatch(queue, PullStatus.OFFSET_ILLEGAL, [], *bounds)
-        raise RemotingError(f"pull {queue.topic}[{queue.queue_id}] at {offset}", reply.code, reply.remark)
+        raise RemotingError(
+            f"pull {queue.topic}[{queue.queue_id}] at {offset}", reply.code, reply.remark
+        )
 
-    def read(
-        self, queue: MessageQueue, start: int, end: int | None = None
-    ) -> Iterator[Record]:
+    def read(self, queue: MessageQueue, start: int, end: int | None = None) -> Iterator[Record]:
         """Every record of ``queue`` from ``start`` up to ``end`` (default: what is stored now)."""
         stop = self.admin.max_offset(queue) if end is None else end
         offset = start

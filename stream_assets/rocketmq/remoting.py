@@ -111,11 +111,7 @@ class RemotingCommand:
             },
             separators=(",", ":"),
         ).encode()
-        return (
-            _FRAME_HEAD.pack(4 + len(header) + len(self.body), len(header))
-            + header
-            + self.body
-        )
+        return _FRAME_HEAD.pack(4 + len(header) + len(self.body), len(header)) + header + self.body
 
     @classmethod
     def decode(cls, frame: bytes) -> RemotingCommand:
@@ -170,7 +166,9 @@ class RemotingConnection:
         fields = {k: str(v) for k, v in ext_fields.items()}
         if self._credentials is not None:
             fields = self._credentials.sign(fields, body)
-        request = RemotingCommand(code=code, opaque=next(self._opaques), ext_fields=fields, body=body)
+        request = RemotingCommand(
+            code=code, opaque=next(self._opaques), ext_fields=fields, body=body
+        )
         with self._lock:
             try:
                 sock = self._connect()

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The README's two commands live here:
+#   bash infra/dev.sh main   set everything up, start the local broker, run the main job
+#   bash infra/dev.sh test   set everything up, run the checks and the whole test suite
+# Setup is idempotent: system packages (Java 17, Maven) only if missing, a
+# project-local virtualenv in .venv, the project installed editable into it.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+PY=${PYTHON:-python3}
+
+log() { printf '\033[1m[stream-assets]\033[0m %s\n' "$*" >&2; }
+
+need_system_packages() {
+  local missing=()
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
+  command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  if ((${#missing[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "installing ${missing[*]} (apt-get)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      log "missing ${missing[*]}: install Java 17 and Maven, then re-run"; exit 1
+    fi
+  fi
+}
+
+setup_python() {
+  "$PY" -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 13), sys.version' 2>/dev/null || {
+    log "Python 3.11 or 3.12 is required as '$PY' (set PYTHON=/path/to/python3.11)"; exit 1; }
+  [ -x "$VENV/bin/python" ] || { log "creating virtualenv .venv"; "$PY" -m venv "$VENV"; }
+  local stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    log "installing stream-assets and its dependencies into .venv (first run: a few minutes)"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -e ".[dev]"
+    rm -f "$VENV"/.installed-* && touch "$stamp"
+  fi
+}
+
+setup_env() {
+  if [ -z "${JAVA_HOME:-}" ]; then
+    JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")
+    export JAVA_HOME
+  fi
+  # Spark's Python workers must run the venv's interpreter (else they time out
+  # connecting back), and Dagster keeps its storage project-local.
+  export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
+  export DAGSTER_HOME=${DAGSTER_HOME:-$ROOT/.local/dagster}
+  mkdir -p "$DAGSTER_HOME"
+  export PATH="$VENV/bin:$PATH"
+}
+
+setup() { need_system_packages; setup_python; setup_env; }
+
+case "${1:-}" in
+  main)
+    setup
+    stream-assets broker start
+    dagster job execute -m stream_assets.definitions -j roundtrip_job
+    ;;
+  test)
+    setup
+    log "ruff"; ruff check .
+    log "mypy"; mypy
+    log "pytest"; pytest -q -p no:cacheprovider "${@:2}"
+    ;;
+  setup)
+    setup
+    ;;
+  *)
+    echo "usage: bash infra/dev.sh main|test|setup" >&2; exit 2
+    ;;
+esac

@@ -1,0 +1,5 @@
+"""Dagster resources of stream-assets (ConfigurableResources over the engine's clients)."""
+
+from resources.rocketmq import RocketMQResource
+
+__all__ = ["RocketMQResource"]
