@@ -9,6 +9,7 @@ The connection tests use a throwaway TCP server thread on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -97,7 +98,7 @@ def test_encode_decode_round_trip() -> None:
         code=11,
         opaque=7,
         flag=1,
-        remark="a remark, with \"quotes\" and ünïcode",
+        remark='a remark, with "quotes" and ünïcode',
         ext_fields={"a": "1", "b": "x y", "c": ""},
         body=bytes(range(256)),
     )
@@ -158,7 +159,10 @@ def test_parse_fastjson_nested_and_in_arrays() -> None:
     )
     assert parse_fastjson(body) == {
         "brokerDatas": [
-            {"brokerName": "broker-a", "brokerAddrs": {"0": "10.0.0.1:10911", "1": "10.0.0.2:10911"}},
+            {
+                "brokerName": "broker-a",
+                "brokerAddrs": {"0": "10.0.0.1:10911", "1": "10.0.0.2:10911"},
+            },
             {"brokerName": "b", "brokerAddrs": {"12": "h:1"}},
         ],
         "outer": {"3": {"4": {"5": "deep"}}},
@@ -169,7 +173,7 @@ def test_parse_fastjson_nested_and_in_arrays() -> None:
 def test_parse_fastjson_negative_keys_and_whitespace() -> None:
     body = b'{ -1:"minus",\n\t0: "zero"}'
     assert parse_fastjson(body) == {"-1": "minus", "0": "zero"}
-    assert parse_fastjson(b'{\r\n  7:{ -20:[ 1, 2 ]},\n 8:true}') == {
+    assert parse_fastjson(b"{\r\n  7:{ -20:[ 1, 2 ]},\n 8:true}") == {
         "7": {"-20": [1, 2]},
         "8": True,
     }
@@ -287,10 +291,8 @@ class ThrowawayServer:
             threading.Thread(target=self._run, args=(conn,), daemon=True).start()
 
     def _run(self, conn: socket.socket) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.handler(conn)
-        except OSError:
-            pass
 
     def stop(self) -> None:
         self._stop.set()
