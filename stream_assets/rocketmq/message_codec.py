@@ -62,7 +62,9 @@ def decode_messages(buf: bytes) -> list[Record]:
             born_ts,
         ) = _HEAD.unpack_from(buf, pos)
         if magic not in (_MAGIC_V1, _MAGIC_V2):
-            raise ValueError(f"bad message magic code {magic:#x} at byte {pos}")
+            raise ValueError(f"bad message magic code {magic & 0xFFFFFFFF:#010x} at byte {pos}")
+        if total <= 0 or pos + total > end:
+            raise ValueError(f"bad message size {total} at byte {pos} of {end}")
         p = pos + _HEAD.size
         p += 20 if sys_flag & _FLAG_BORNHOST_V6 else 8
         (store_ts,) = _I64.unpack_from(buf, p)

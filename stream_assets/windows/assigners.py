@@ -152,8 +152,7 @@ class SlidingWindow:
         if self.slide_ms > self.size_ms:
             # A slide above the size would leave gaps that no window covers.
             raise ValueError(
-                f"SlidingWindow slide must be <= size ({self.size_ms} ms), "
-                f"got {self.slide_ms} ms"
+                f"SlidingWindow slide must be <= size ({self.size_ms} ms), got {self.slide_ms} ms"
             )
 
     @classmethod
