@@ -137,3 +137,27 @@ class BrokerSettings(BaseSettings):
             "broker VIP channel (broker port - 2)": self.broker_port - 2,
             "broker HA (broker port + 1)": self.broker_port + 1,
         }
+
+
+class EngineSettings(BaseSettings):
+    """How instances run topologies (env prefix ``STREAM_ASSETS_ENGINE_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_ENGINE_", extra="ignore")
+
+    spark_master: str = Field(default="local[2]", description="Spark master URL.")
+    spark_conf: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark conf (JSON object in the env)."
+    )
+    state_dir: Path | None = Field(default=None, description="RocksDB root (.local/state).")
+    shuffle_queues: int = Field(default=8, gt=0, description="Queues of shuffle/state topics.")
+    sink_queues: int = Field(default=8, gt=0, description="Queues of sink topics it creates.")
+    trigger_interval_ms: int = Field(default=500, gt=0)
+    max_records_per_batch: int = Field(default=100_000, gt=0)
+    tick_ms: int = Field(
+        default=1000, gt=0, description="Idle tick of stateful stages (fires idle windows)."
+    )
+    snapshot_every: int = Field(default=100, gt=0, description="Commits between snapshots.")
+
+    def resolved_state_dir(self) -> Path:
+        """The state root, defaulting under the project-local dir."""
+        return self.state_dir or local_dir() / "state"

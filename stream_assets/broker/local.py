@@ -180,17 +180,21 @@ class LocalBroker:
         if status.serving:
             self.progress(f"RocketMQ already {status.describe()}")
             return status
+        # Check every port before spawning anything: a taken broker port must
+        # not leave a freshly started name server behind.
+        if status.namesrv_pid is None:
+            self._check_port_free(self.settings.namesrv_port, "name server")
+        if status.broker_pid is None:
+            for what, port in self.settings.broker_ports.items():
+                self._check_port_free(port, what)
         cp = self.classpath()
         for sub in ("store", "logs", "run", "conf"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         if status.namesrv_pid is None:
-            self._check_port_free(self.settings.namesrv_port, "name server")
             self._spawn(
                 "namesrv", _NAMESRV_MAIN, cp, self.settings.namesrv_heap, self._namesrv_conf()
             )
         if status.broker_pid is None:
-            for what, port in self.settings.broker_ports.items():
-                self._check_port_free(port, what)
             self._spawn("broker", _BROKER_MAIN, cp, self.settings.broker_heap, self._broker_conf())
         return self._wait_serving()
 

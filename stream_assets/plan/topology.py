@@ -131,6 +131,11 @@ def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
                     f"{job_id}: {node.op_id} must be followed by an aggregate "
                     "(count/sum/min/max/avg/aggregate) and to_rstream()"
                 )
+            if node is not None and aggregate is not None:
+                raise ValueError(
+                    f"{job_id}: {node.op_id}: a second key_by after an aggregate is not "
+                    "supported yet; split the job into two topologies joined by a sink topic"
+                )
             out = shuffle_topic(job_id, node) if node is not None else None
             stages.append(
                 Stage(

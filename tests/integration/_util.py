@@ -10,7 +10,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
+def wait_for(
+    condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05
+) -> T:
     """Poll ``condition`` until it returns a truthy value; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:

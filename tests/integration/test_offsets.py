@@ -54,9 +54,7 @@ def test_committed_offsets_round_trip_per_group_and_queue(
         for q in queues:
             for n in range(10):
                 producer.send(topic, f"m{n}".encode(), queue_id=q.queue_id)
-    wait_for(
-        lambda: all(admin.max_offset(q) == 10 for q in queues), 10.0, "10 messages per queue"
-    )
+    wait_for(lambda: all(admin.max_offset(q) == 10 for q in queues), 10.0, "10 messages per queue")
     groups = [f"it-group-{uuid.uuid4().hex[:10]}" for _ in range(3)]
     for group in groups:
         _pull_as(admin, group, queues[0])
@@ -83,7 +81,9 @@ def test_committed_offsets_round_trip_per_group_and_queue(
     assert admin.query_consumer_offset(groups[1], q) == expected.get((groups[1], q.queue_id))
 
 
-def test_never_committed_group_returns_none(admin: RocketMQAdmin, client_settings: RocketMQSettings) -> None:
+def test_never_committed_group_returns_none(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
     topic = _topic("nocommit")
     admin.create_topic(topic, queues=2)
     queues = admin.queues(topic)
@@ -197,5 +197,10 @@ def test_offset_for_timestamp_finds_first_message_at_or_after(
     future = int(time.time() * 1000) + 3_600_000
     assert admin.offset_for_timestamp(queue, future) == admin.max_offset(queue) == total
     # Inside a burst, ties included: the first offset stored at or after T.
-    for probe in (stamps[burst1 // 2], stamps[burst1 - 1], stamps[total - 1], stamps[total - 1] + 1):
+    for probe in (
+        stamps[burst1 // 2],
+        stamps[burst1 - 1],
+        stamps[total - 1],
+        stamps[total - 1] + 1,
+    ):
         assert admin.offset_for_timestamp(queue, probe) == first_at_or_after(probe), probe

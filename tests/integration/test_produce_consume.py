@@ -67,7 +67,9 @@ class Produced:
 
 
 @pytest.fixture(scope="module")
-def produced(client_settings: RocketMQSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Produced]:
+def produced(
+    client_settings: RocketMQSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Produced]:
     topic = f"it-pc-{uuid.uuid4().hex}"
     out_dir = tmp_path_factory.mktemp("producers")
     with RocketMQAdmin(client_settings) as admin:
@@ -235,7 +237,9 @@ def test_timestamps_are_sane(produced: Produced) -> None:
         assert stores == sorted(stores), f"queue {qid}: store timestamps go backwards"
 
 
-def test_nul_and_0xff_body_round_trips(admin: RocketMQAdmin, client_settings: RocketMQSettings) -> None:
+def test_nul_and_0xff_body_round_trips(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
     topic = f"it-nul-{uuid.uuid4().hex}"
     admin.create_topic(topic, queues=2)
     bodies = [

@@ -27,6 +27,7 @@ from stream_assets.windows.assigners import (
     SlidingWindow,
     TumblingWindow,
     Window,
+    WindowSpec,
     merge_sessions,
     window_spec_from_dict,
 )
@@ -255,7 +256,7 @@ def test_merge_sessions_touching_and_gaps() -> None:
 # --- kind, is_merging, serialization -----------------------------------------
 
 
-SPECS = [
+SPECS: list[WindowSpec] = [
     TumblingWindow.of(Time.seconds(10)),
     SlidingWindow.of(Time.minutes(1), Time.seconds(7)),
     SessionWindow.with_gap(Time.milliseconds(1)),

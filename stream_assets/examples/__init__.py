@@ -1,0 +1,14 @@
+"""Example topologies, by name (``stream-assets run <name>``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stream_assets.examples import seed_article, windowed_sum, wordcount
+from stream_assets.plan.topology import Topology
+
+EXAMPLES: dict[str, Callable[[], Topology]] = {
+    "wordcount": wordcount.build,
+    "windowed-sum": windowed_sum.build,
+    "seed-article": seed_article.build,
+}

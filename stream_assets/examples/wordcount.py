@@ -1,0 +1,40 @@
+"""WordCount: text lines from ``sourceTopic``, counts per word to ``wordcount-out``.
+
+The mirror of RocketMQ Streams' WordCount example::
+
+    >>> t = build()
+    >>> t.source_topic, t.sink_topics
+    ('sourceTopic', ('wordcount-out',))
+"""
+
+from __future__ import annotations
+
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.plan.topology import Topology
+from stream_assets.serde import text_deserializer
+
+
+def split_words(line: str) -> list[str]:
+    """Lower-cased words of a line (whitespace-separated)."""
+    return line.lower().split()
+
+
+def identity(word: str) -> str:
+    """The grouping key of a word is the word."""
+    return word
+
+
+def build(
+    job_id: str = "wordcount", source: str = "sourceTopic", sink: str = "wordcount-out"
+) -> Topology:
+    """The WordCount topology."""
+    builder = StreamBuilder(job_id)
+    (
+        builder.source(source, text_deserializer)
+        .flat_map(split_words)
+        .key_by(identity)
+        .count()
+        .to_rstream()
+        .sink(sink)
+    )
+    return builder.build()

@@ -1,0 +1,295 @@
+"""A compute instance: one SparkSession, one streaming query per stage.
+
+Each query reads its stage's input topic through the ``rocketmq`` source in
+``ranges`` mode (one partition per assigned queue) and hands every micro-batch
+to ``mapInArrow``, so a Spark task processes exactly one queue in offset order
+(:mod:`stateless_stage`, :mod:`stateful_stage`) and returns a stats row.
+Spark's checkpoint is fresh on every start: positions come from the broker's
+committed consumer offsets and from the state itself, which is what lets a
+queue move to another instance.
+
+Example::
+
+    >>> inst = Instance(wordcount.build())  # doctest: +SKIP
+    >>> inst.start(); inst.await_caught_up(timeout_s=120); inst.stop()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stream_assets.plan.topology import Stage, Topology
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.runtime.source import RocketMQDataSource
+from stream_assets.runtime.stateful_stage import run_stateful
+from stream_assets.runtime.stateless_stage import run_stateless
+from stream_assets.runtime.task_context import STATS_DDL, TaskContext, TaskStats
+from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
+
+Progress = Callable[[str], None]
+
+
+class StopRequested(Exception):
+    """Raised at the start of a batch once stop() was called: the batch is not run,
+    so Spark does not commit its offsets."""
+
+
+@dataclass
+class StageMetrics:
+    """Running totals of one stage, summed over its tasks."""
+
+    batches: int = 0
+    totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    last_batch_at: float = 0.0
+    watermark: int = -1
+
+
+def _print(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Instance:
+    """Runs a topology's stages over the queues assigned to this instance."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        group: str | None = None,
+        rocketmq: RocketMQSettings | None = None,
+        engine: EngineSettings | None = None,
+        assignment: dict[str, list[int]] | None = None,
+        generation: int = 0,
+        progress: Progress = _print,
+    ) -> None:
+        self.topology = topology
+        self.group = group or topology.job_id
+        self.rocketmq = rocketmq or RocketMQSettings()
+        self.engine = engine or EngineSettings()
+        self.assignment = assignment
+        self.generation = generation
+        self.progress = progress
+        self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._queries: list[Any] = []
+        self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
+        self._spark: Any = None
+        self._broker_name = ""
+
+    # -- topics ------------------------------------------------------------
+
+    def prepare_topics(self) -> None:
+        """Check the source exists; create shuffle, state, sink, dead-letter topics if missing."""
+        with RocketMQAdmin(self.rocketmq) as admin:
+            route = admin.route(self.topology.source_topic)  # TopicNotFoundError names it
+            self._broker_name = sorted(route.brokers)[0]
+            wanted = {t: self.engine.shuffle_queues for t in self.topology.shuffle_topics}
+            wanted |= {t: self.engine.shuffle_queues for t in self.topology.state_topics}
+            for t in (*self.topology.sink_topics, *self.topology.late_topics):
+                wanted.setdefault(t, self.engine.sink_queues)
+            wanted.setdefault(self.topology.dead_letter_topic, 1)
+            for topic, queues in wanted.items():
+                if not admin.topic_exists(topic):
+                    self.progress(f"creating topic {topic} ({queues} queues)")
+                    admin.create_topic(topic, queues)
+                elif topic in self.topology.shuffle_topics or topic in self.topology.state_topics:
+                    have = admin.route(topic).write_queue_count
+                    if have != queues:
+                        raise ValueError(
+                            f"topic {topic} has {have} queues but the engine is configured for "
+                            f"{queues} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a job keeps its "
+                            "shuffle queue count for life"
+                        )
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def _session(self) -> Any:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        builder = (
+            SparkSession.builder.master(self.engine.spark_master)
+            .appName(f"stream-assets-{self.topology.job_id}")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.python.worker.reuse", "true")
+            .config("spark.sql.streaming.stopTimeout", "60s")
+        )
+        for key, value in self.engine.spark_conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+        spark.dataSource.register(RocketMQDataSource)
+        return spark
+
+    def start(self) -> None:
+        """Create missing topics, start the SparkSession and one query per stage."""
+        self.prepare_topics()
+        self._spark = self._session()
+        for stage in self.topology.stages:
+            self._queries.append(self._start_stage(stage))
+        self.progress(
+            f"instance of {self.topology.job_id} running {len(self._queries)} stage queries "
+            f"on {self.engine.spark_master}"
+        )
+
+    def _queues_of(self, topic: str) -> list[int] | None:
+        return None if self.assignment is None else sorted(self.assignment.get(topic, []))
+
+    def _start_stage(self, stage: Stage) -> Any:
+        queues = self._queues_of(stage.input_topic)
+        reader = (
+            self._spark.readStream.format("rocketmq")
+            .option("topic", stage.input_topic)
+            .option("group", self.group)
+            .option("namesrv_addr", self.rocketmq.namesrv_addr)
+            .option("rows", "ranges")
+            .option("max_records_per_batch", str(self.engine.max_records_per_batch))
+        )
+        if queues is not None:
+            reader = reader.option("queues", ",".join(map(str, queues)))
+        if stage.stateful:
+            reader = reader.option("tick_ms", str(self.engine.tick_ms))
+        next_agg = None
+        if stage.index + 1 < len(self.topology.stages):
+            next_agg = self.topology.stages[stage.index + 1].aggregate
+        ctx = TaskContext(
+            job_id=self.topology.job_id,
+            stage=stage,
+            next_aggregate=next_agg,
+            namesrv_addr=self.rocketmq.namesrv_addr,
+            group=self.group,
+            broker_name=self._broker_name,
+            shuffle_queues=self.engine.shuffle_queues,
+            dead_letter_topic=self.topology.dead_letter_topic,
+            state_dir=str(self.engine.resolved_state_dir()),
+            snapshot_every=self.engine.snapshot_every,
+            combine=False,
+            generation=self.generation,
+        )
+        checkpoint = self._checkpoints / f"stage-{stage.index}"
+        return (
+            reader.load()
+            .writeStream.foreachBatch(self._batch_fn(ctx))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=f"{self.engine.trigger_interval_ms} milliseconds")
+            .queryName(f"{self.topology.job_id}-stage-{stage.index}-{uuid.uuid4().hex[:6]}")
+            .start()
+        )
+
+    def _batch_fn(self, template: TaskContext) -> Callable[[Any, int], None]:
+        first_batch: list[int] = []
+
+        def run_batch(df: Any, batch_id: int) -> None:
+            if self._stopping.is_set():
+                raise StopRequested()
+            if not first_batch:
+                first_batch.append(batch_id)
+            # Never pre-combine the first batch after a start (stateless_stage docs).
+            ctx = replace(template, combine=batch_id > first_batch[0])
+            rows = df.mapInArrow(_task(ctx), STATS_DDL).collect()
+            self._record(ctx.stage.index, [r.asDict() for r in rows])
+
+        return run_batch
+
+    def _record(self, stage: int, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            m = self.metrics[stage]
+            m.batches += 1
+            m.last_batch_at = time.time()
+            for row in rows:
+                for key, value in row.items():
+                    if key in ("stage", "queue_id", "watermark", "state_keys", "state_bytes"):
+                        continue
+                    m.totals[key] += value
+                m.watermark = max(m.watermark, int(row.get("watermark", -1)))
+
+    def lag(self) -> dict[str, int]:
+        """Messages not yet committed, per stage input topic (over assigned queues)."""
+        out: dict[str, int] = {}
+        with RocketMQAdmin(self.rocketmq) as admin:
+            for stage in self.topology.stages:
+                wanted = self._queues_of(stage.input_topic)
+                total = 0
+                for q in admin.queues(stage.input_topic):
+                    if wanted is not None and q.queue_id not in wanted:
+                        continue
+                    committed = admin.query_consumer_offset(self.group, q)
+                    floor = committed if committed is not None else admin.min_offset(q)
+                    total += max(0, admin.max_offset(q) - floor)
+                out[stage.input_topic] = total
+        return out
+
+    def check_failed(self) -> None:
+        """Raise if a stage query died (with Spark's error)."""
+        for query in self._queries:
+            exc = query.exception()
+            if exc is not None and not self._stopping.is_set():
+                raise RuntimeError(f"stage query {query.name} failed: {exc}") from None
+
+    def await_caught_up(self, timeout_s: float, poll_s: float = 0.5) -> dict[str, int]:
+        """Wait until every stage has committed everything currently in its input."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check_failed()
+            lag = self.lag()
+            if all(v == 0 for v in lag.values()):
+                # Stage 0 may have just sent to the shuffle: recheck after one more round.
+                time.sleep(poll_s)
+                lag = self.lag()
+                if all(v == 0 for v in lag.values()):
+                    return lag
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.topology.job_id}: still lagging after {timeout_s}s: {lag}")
+            time.sleep(poll_s)
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Finish the batch in flight in every stage, then stop (final checkpoint)."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout_s
+        for query in self._queries:
+            while query.isActive and query.status.get("isTriggerActive") and (
+                time.monotonic() < deadline
+            ):
+                time.sleep(0.1)
+            query.stop()
+        self._queries.clear()
+        shutil.rmtree(self._checkpoints, ignore_errors=True)
+        self.progress(f"instance of {self.topology.job_id} stopped")
+
+    def close(self) -> None:
+        """Stop the queries and the SparkSession."""
+        if self._queries:
+            self.stop()
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None
+
+
+def _task(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    run = run_stateful if ctx.stage.stateful else run_stateless
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                stats: TaskStats = run(ctx, row["queue_id"], row["start"], row["end"])
+                yield stats.to_batch()
+
+    return task
+
+
+def checkpoint_root() -> Path:
+    """Where instances keep their (throw-away) Spark checkpoints."""
+    return local_dir() / "checkpoints"

@@ -1,0 +1,339 @@
+"""A stateful stage on one shuffle queue: aggregate, fire windows, emit, commit.
+
+Per micro-batch and queue (DESIGN section 3):
+
+1. Open the queue's RocksDB; if it is behind the state topic (another instance
+   owned the queue, or it was deleted) wipe it and restore from the topic.
+2. Apply every shuffle record whose origin (source queue, offset, sub-index)
+   is above the highest origin already applied from that source queue; skip
+   the rest (exactly once across the shuffle).
+3. Judge lateness against the watermark as it stood at the start of the batch
+   (so results do not depend on how records were grouped into messages), then
+   advance the per-origin watermark and fire every window whose end it passed.
+   A queue idle past the idle timeout fires all its open windows.
+4. Emit results (fired windows; for unwindowed aggregates the new value of
+   every key changed in the batch) to the stage's sinks, at least once.
+5. Commit values, origins, input offset and watermark in one WriteBatch, with
+   the changelog record sent first.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream_assets.operators.chain import OperatorChain, UserFunctionError
+from stream_assets.plan import nodes as n
+from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.clients import admin_for, reader_for
+from stream_assets.runtime.outputs import StageOutputs
+from stream_assets.runtime.shuffle_codec import (
+    decode,
+    decode_key,
+    encode_key,
+    pack_value,
+    unpack_value,
+)
+from stream_assets.runtime.task_context import TaskContext, TaskStats
+from stream_assets.state.changelog import ChangelogWriter, commit_with_changelog
+from stream_assets.state.restore import local_is_current, restore_queue
+from stream_assets.state.store import QueueStateStore
+from stream_assets.windows import Window, WatermarkTracker, merge_sessions, window_closed
+
+_PLAIN = b"k"  # unwindowed: key -> acc
+_WINDOWED = b"w"  # end, start, key -> acc (ordered by end, so firing scans a prefix)
+_SESSION = b"s"  # key -> [[start, end, acc], ...]
+_BIAS = 2**63  # signed ms -> unsigned, so byte order is time order
+
+
+def _wkey(window: Window, key_bytes: bytes) -> bytes:
+    return _WINDOWED + struct.pack(">QQ", window.end + _BIAS, window.start + _BIAS) + key_bytes
+
+
+def _parse_wkey(raw: bytes) -> tuple[Window, bytes]:
+    end, start = struct.unpack_from(">QQ", raw, 1)
+    return Window(start - _BIAS, end - _BIAS), raw[17:]
+
+
+@dataclass
+class _BatchState:
+    """Reads through to RocksDB, buffers this batch's changes."""
+
+    store: QueueStateStore
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)
+    cache: dict[bytes, Any] = field(default_factory=dict)
+
+    def get(self, key: bytes) -> Any:
+        if key in self.cache:
+            return self.cache[key]
+        raw = self.store.get(key)
+        value = None if raw is None else unpack_value(raw)
+        self.cache[key] = value
+        return value
+
+    def put(self, key: bytes, value: Any) -> None:
+        self.cache[key] = value
+        self.changes[key] = None if value is None else pack_value(value)
+
+
+def now_ms() -> int:
+    """Processing time, epoch ms."""
+    return int(time.time() * 1000)
+
+
+def run_stateful(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
+    """Process shuffle offsets ``start`` .. ``end`` of queue ``queue_id``."""
+    agg = ctx.stage.aggregate
+    assert agg is not None and ctx.stage.state_topic is not None
+    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id)
+    settings = ctx.client_settings()
+    admin = admin_for(settings)
+    reader = reader_for(settings, f"{ctx.group}-state")
+    store = QueueStateStore(ctx.state_root, ctx.job_id, agg.op_id, queue_id)
+    store.open()
+    try:
+        if not local_is_current(store, ctx.stage.state_topic, queue_id, admin, reader):
+            store.wipe()
+            store.open()
+            result = restore_queue(store, ctx.stage.state_topic, queue_id, admin, reader)
+            stats.restored_keys = result.keys
+        _process(ctx, agg, store, stats, queue_id, start, end)
+        stats.state_keys = store.key_count()
+        stats.state_bytes = store.size_bytes()
+    finally:
+        store.close()
+    return stats
+
+
+def _process(
+    ctx: TaskContext,
+    agg: n.Aggregate,
+    store: QueueStateStore,
+    stats: TaskStats,
+    queue_id: int,
+    start: int,
+    end: int,
+) -> None:
+    meta = store.next_meta()
+    tracker = (
+        WatermarkTracker.from_dict(meta.watermark)
+        if meta.watermark
+        else WatermarkTracker(agg.allowed_lateness_ms, agg.idle_timeout_ms)
+    )
+    now = now_ms()
+    closed_floor: int | None = meta.extra.get("closed")
+    wm_start = _max_opt(tracker.watermark(now), closed_floor)
+    state = _BatchState(store)
+    acc_def = agg.accumulator
+    late: list[tuple[Any, Any, int]] = []
+    changed_plain: set[bytes] = set()
+    got_input = False
+    reader = reader_for(ctx.client_settings(), ctx.group)
+
+    def fold(key: Any, window: Window | None, partial: Any, count: int, value: Any) -> None:
+        """Fold a record (``value``) or a pre-combined ``partial`` into the state."""
+        key_bytes = encode_key(key)
+        if window is not None and agg.window is not None and agg.window.is_merging:
+            _fold_session(state, acc_def, key_bytes, window, partial, value)
+            return
+        if window is not None and window_closed(window, wm_start):
+            stats.late += count
+            late.append((key, value, window.end))
+            return
+        skey = _wkey(window, key_bytes) if window is not None else _PLAIN + key_bytes
+        acc = state.get(skey)
+        acc = acc_def.zero() if acc is None else acc
+        acc = acc_def.merge(acc, partial) if partial is not None else acc_def.add(acc, value)
+        state.put(skey, acc)
+        if window is None:
+            changed_plain.add(key_bytes)
+
+    for record in reader.read(ctx.input_queue(queue_id), start, end):
+        body = decode(record.body)
+        src = int(body["src"])
+        applied = tuple(meta.origins.get(src, (-1, -1)))
+        if "recs" in body:
+            for key, value, ts, off, sub in body["recs"]:
+                if (off, sub) <= applied:
+                    stats.skipped_duplicates += 1
+                    continue
+                applied = (off, sub)
+                got_input = True
+                stats.records_in += 1
+                try:
+                    windows: list[Window | None] = (
+                        list(agg.window.assign(ts)) if agg.window is not None else [None]
+                    )
+                    for w in windows:
+                        fold(key, w, None, 1, value)
+                except Exception as exc:
+                    _dead_letter(ctx, stats, record, agg.op_id, exc, value)
+                tracker.observe(src, ts, now)
+        else:
+            end_origin = tuple(body["end"])
+            if end_origin <= applied:
+                stats.skipped_duplicates += len(body["comb"])
+                continue
+            applied = end_origin
+            got_input = True
+            for key, ws, we, partial, max_ts, count in body["comb"]:
+                stats.records_in += count
+                window = Window(ws, we) if ws is not None else None
+                fold(key, window, partial, count, None)
+                tracker.observe(src, max_ts, now)
+        meta.origins[src] = (int(applied[0]), int(applied[1]))
+
+    last_input = int(meta.extra.get("last_input", now))
+    if got_input:
+        last_input = now
+    idle = now - last_input >= agg.idle_timeout_ms
+    watermark = tracker.watermark(now)
+    results: list[tuple[str, dict[str, Any]]] = []
+    if agg.window is None:
+        for key_bytes in sorted(changed_plain):
+            key = decode_key(key_bytes)
+            value = acc_def.result(state.get(_PLAIN + key_bytes))
+            results.append((_result_key(key), {"key": key, **value}))
+    else:
+        fire_to = None if idle else _max_opt(watermark, closed_floor)
+        fired_end = _fire(state, agg, fire_to, results)
+        stats.fired = len(results)
+        if idle and fired_end is not None:
+            closed_floor = _max_opt(closed_floor, fired_end)
+    _emit(ctx, stats, agg, results, late)
+
+    meta.input_offset = end
+    meta.watermark = tracker.to_dict()
+    meta.extra["last_input"] = last_input
+    if closed_floor is not None:
+        meta.extra["closed"] = closed_floor
+    stats.watermark = -1 if watermark is None else watermark
+    if state.changes or got_input or meta.extra.get("closed") != store.meta.extra.get("closed"):
+        writer = ChangelogWriter(
+            ctx.producer(), ctx.stage.state_topic or "", queue_id, ctx.snapshot_every
+        )
+        commit_with_changelog(store, state.changes, meta, writer)
+
+
+def _fold_session(
+    state: _BatchState,
+    acc_def: Any,
+    key_bytes: bytes,
+    window: Window,
+    partial: Any,
+    value: Any,
+) -> None:
+    skey = _SESSION + key_bytes
+    sessions = state.get(skey) or []
+    acc = acc_def.merge(acc_def.zero(), partial) if partial is not None else acc_def.add(
+        acc_def.zero(), value
+    )
+    candidates = [(Window(s, e), a) for s, e, a in sessions] + [(window, acc)]
+    merged = []
+    for merged_window, members in merge_sessions([w for w, _ in candidates]):
+        total = acc_def.zero()
+        for i in members:
+            total = acc_def.merge(total, candidates[i][1])
+        merged.append([merged_window.start, merged_window.end, total])
+    state.put(skey, merged)
+
+
+def _fire(
+    state: _BatchState, agg: n.Aggregate, fire_to: int | None, results: list[tuple[str, dict[str, Any]]]
+) -> int | None:
+    """Remove and collect windows ending at or before ``fire_to`` (None: all)."""
+    acc_def = agg.accumulator
+    fired_end: int | None = None
+
+    def due(window: Window) -> bool:
+        return fire_to is None or window_closed(window, fire_to)
+
+    def collect(key_bytes: bytes, window: Window, acc: Any) -> None:
+        nonlocal fired_end
+        key = decode_key(key_bytes)
+        out = {"key": key, **acc_def.result(acc), "window_start": window.start,
+               "window_end": window.end}
+        results.append((f"{window.start}-{window.end}/{_result_key(key)}", out))
+        fired_end = window.end if fired_end is None else max(fired_end, window.end)
+
+    if agg.window is not None and agg.window.is_merging:
+        keys = {k for k, _ in state.store.items(_SESSION)} | {
+            k for k in state.cache if k.startswith(_SESSION)
+        }
+        for skey in sorted(keys):
+            sessions = state.get(skey) or []
+            keep = []
+            for s, e, acc in sessions:
+                if due(Window(s, e)):
+                    collect(skey[1:], Window(s, e), acc)
+                else:
+                    keep.append([s, e, acc])
+            if len(keep) != len(sessions):
+                state.put(skey, keep or None)
+        return fired_end
+
+    due_keys: set[bytes] = set()
+    for raw, _ in state.store.items(_WINDOWED):
+        window, _kb = _parse_wkey(raw)
+        if not due(window):
+            break  # keys are ordered by window end
+        due_keys.add(raw)
+    due_keys |= {k for k, v in state.cache.items() if k.startswith(_WINDOWED) and v is not None
+                 and due(_parse_wkey(k)[0])}
+    for raw in sorted(due_keys):
+        acc = state.get(raw)
+        if acc is None:
+            continue
+        window, key_bytes = _parse_wkey(raw)
+        collect(key_bytes, window, acc)
+        state.put(raw, None)
+    return fired_end
+
+
+def _emit(
+    ctx: TaskContext,
+    stats: TaskStats,
+    agg: n.Aggregate,
+    results: list[tuple[str, dict[str, Any]]],
+    late: list[tuple[Any, Any, int]],
+) -> None:
+    outputs = StageOutputs(ctx, stats)
+    chain = OperatorChain(ctx.stage.ops, outputs.emit)
+    for result_key, value in results:
+        outputs.origin = result_key
+        try:
+            chain.run(value, 0)
+        except UserFunctionError as err:
+            _dead_letter(ctx, stats, None, err.op_id, err.cause, value)
+    if agg.late_topic:
+        producer = ctx.producer()
+        for key, value, window_end in late:
+            body = json.dumps({"key": key, "value": value, "window_end": window_end},
+                              default=str).encode()
+            producer.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{_result_key(key)}")
+    outputs.flush()
+
+
+def _dead_letter(
+    ctx: TaskContext, stats: TaskStats, record: Record | None, op_id: str,
+    exc: BaseException, value: Any,
+) -> None:
+    body = json.dumps(value, default=str).encode()
+    source = record or Record(ctx.stage.input_topic, -1, -1, body)
+    ctx.dead_letter(stats, Record(source.topic, source.queue_id, source.queue_offset, body),
+                    op_id, exc)
+
+
+def _result_key(key: Any) -> str:
+    return key if isinstance(key, str) else json.dumps(key, default=str)
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)

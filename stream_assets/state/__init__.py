@@ -1,0 +1,61 @@
+"""Keyed state: RocksDB per queue, made durable through the state topic.
+
+- :mod:`~stream_assets.state.store`: :class:`QueueStateStore`, values + meta in one WriteBatch.
+- :mod:`~stream_assets.state.meta`: :class:`StateMeta`, the committed bookkeeping.
+- :mod:`~stream_assets.state.records`: the state topic's message format.
+- :mod:`~stream_assets.state.changelog`: :func:`commit_with_changelog`, deltas and snapshots.
+- :mod:`~stream_assets.state.restore`: :func:`restore_queue`, :func:`local_is_current`.
+
+Example::
+
+    >>> with QueueStateStore(root, "wc", "count", 2) as store:  # doctest: +SKIP
+    ...     if not local_is_current(store, "wc-state", 2, admin, reader):
+    ...         store.wipe()
+    ...         restore_queue(store, "wc-state", 2, admin, reader)
+    ...     meta = store.next_meta()
+    ...     commit_with_changelog(store, {b"apple": b"3"}, meta, writer)
+"""
+
+from __future__ import annotations
+
+from stream_assets.state.changelog import (
+    DEFAULT_SNAPSHOT_EVERY,
+    ChangelogWriter,
+    MessageSender,
+    commit_with_changelog,
+)
+from stream_assets.state.errors import (
+    StateError,
+    StateFormatError,
+    StateRestoreError,
+    StateSequenceError,
+)
+from stream_assets.state.meta import StateMeta
+from stream_assets.state.restore import (
+    RestoreProgress,
+    RestoreResult,
+    local_is_current,
+    restore_queue,
+    state_queue,
+    topic_seq,
+)
+from stream_assets.state.store import QueueStateStore
+
+__all__ = [
+    "DEFAULT_SNAPSHOT_EVERY",
+    "ChangelogWriter",
+    "MessageSender",
+    "QueueStateStore",
+    "RestoreProgress",
+    "RestoreResult",
+    "StateError",
+    "StateFormatError",
+    "StateMeta",
+    "StateRestoreError",
+    "StateSequenceError",
+    "commit_with_changelog",
+    "local_is_current",
+    "restore_queue",
+    "state_queue",
+    "topic_seq",
+]

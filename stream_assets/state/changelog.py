@@ -1,0 +1,187 @@
+"""Write every commit to the state topic, with periodic full snapshots.
+
+The state of queue ``q`` logs to queue ``q`` of the state topic. Each commit is
+a ``delta`` record; every ``snapshot_every`` commits a full snapshot follows
+(``snap-begin``, ``snap-chunk``..., ``snap-end``), and its begin offset becomes
+the store's ``snapshot_offset``. A restore reads only from the latest complete
+snapshot onward, so the broker's retention may drop anything older. Message
+format: :mod:`stream_assets.state.records`.
+
+Example::
+
+    >>> writer = ChangelogWriter(producer, "wordcount-state", queue_id=2)  # doctest: +SKIP
+    >>> with QueueStateStore(root, "wordcount", "count", 2) as store:  # doctest: +SKIP
+    ...     meta = store.next_meta()
+    ...     meta.input_offset = 128
+    ...     commit_with_changelog(store, {b"apple": b"3"}, meta, writer)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Protocol
+
+from stream_assets.rocketmq.records import SendReceipt
+from stream_assets.state.codec import StreamPacker
+from stream_assets.state.errors import StateError, StateSequenceError
+from stream_assets.state.meta import StateMeta
+from stream_assets.state.records import (
+    MAX_BODY,
+    encode_delta,
+    encode_snap_begin,
+    encode_snap_chunk,
+    encode_snap_end,
+)
+from stream_assets.state.store import QueueStateStore
+
+DEFAULT_SNAPSHOT_EVERY = 100
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+
+class MessageSender(Protocol):
+    """What the writer needs of a producer (:class:`~stream_assets.rocketmq.producer.Producer`)."""
+
+    def send(
+        self, topic: str, body: bytes, *, key: str | None = ..., queue_id: int | None = ...
+    ) -> SendReceipt: ...
+
+
+class ChangelogWriter:
+    """Sends one queue's deltas and snapshots to its queue of the state topic.
+
+    ``snapshot_every``: a full snapshot after every that many commits.
+    ``max_body``: largest message body (bigger deltas are split into parts).
+    ``chunk_bytes``: size of a snapshot chunk's data slice (at most ``max_body``
+    minus a small envelope).
+    """
+
+    def __init__(
+        self,
+        sender: MessageSender,
+        state_topic: str,
+        queue_id: int,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        max_body: int = MAX_BODY,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        if snapshot_every <= 0:
+            raise ValueError(f"snapshot_every must be positive, got {snapshot_every}")
+        if not 0 < chunk_bytes <= max_body - 1024:
+            raise ValueError(f"chunk_bytes must be in 1..{max_body - 1024}, got {chunk_bytes}")
+        self.sender = sender
+        self.state_topic = state_topic
+        self.queue_id = queue_id
+        self.snapshot_every = snapshot_every
+        self.max_body = max_body
+        self.chunk_bytes = chunk_bytes
+
+    def _send(self, body: bytes, key: str) -> int:
+        receipt = self.sender.send(self.state_topic, body, key=key, queue_id=self.queue_id)
+        if receipt.queue_id != self.queue_id:
+            raise StateError(
+                f"state record for queue {self.queue_id} landed in {self.state_topic}"
+                f"[{receipt.queue_id}]; the state topic must have as many queues as the "
+                "stateful stage"
+            )
+        return receipt.queue_offset
+
+    def write_delta(self, changes: Mapping[bytes, bytes | None], meta: StateMeta) -> list[int]:
+        """Send the delta of commit ``meta.seq``; returns the offsets of its messages."""
+        # A fresh id per attempt keeps parts of a crashed attempt apart from a retry's.
+        write_id = os.urandom(8)
+        bodies = encode_delta(
+            meta.seq, write_id, meta.snapshot_offset, changes, meta, self.max_body
+        )
+        key = f"q{self.queue_id}-s{meta.seq}"
+        return [self._send(body, key) for body in bodies]
+
+    def snapshot_due(self, seq: int) -> bool:
+        """Whether commit ``seq`` is followed by a full snapshot."""
+        return seq % self.snapshot_every == 0
+
+    def write_snapshot(self, store: QueueStateStore) -> int:
+        """Send a full snapshot of ``store`` as it is now; returns its begin offset.
+
+        The caller records the offset in the store's meta (see
+        :func:`commit_with_changelog`); until then later deltas keep pointing
+        at the previous snapshot, which stays a correct place to restore from.
+        """
+        meta = store.meta
+        write_id = os.urandom(8)
+        prev = meta.snapshot_offset
+        key = f"q{self.queue_id}-s{meta.seq}-snap"
+        begin = self._send(encode_snap_begin(meta.seq, write_id, prev, meta), key)
+        packer = StreamPacker()
+        buffer = bytearray()
+        chunks = keys = 0
+
+        def flush(limit: int) -> None:
+            nonlocal chunks
+            while len(buffer) >= limit and buffer:
+                data = bytes(buffer[: self.chunk_bytes])
+                del buffer[: self.chunk_bytes]
+                body = encode_snap_chunk(meta.seq, write_id, prev, chunks, begin, data)
+                self._send(body, key)
+                chunks += 1
+
+        for k, v in store.items():
+            buffer += packer.pack(k)
+            buffer += packer.pack(v)
+            keys += 1
+            flush(self.chunk_bytes)
+        flush(1)
+        self._send(encode_snap_end(meta.seq, write_id, begin, chunks, keys), key)
+        return begin
+
+
+def commit_with_changelog(
+    store: QueueStateStore,
+    changes: Mapping[bytes, bytes | None],
+    meta: StateMeta,
+    writer: ChangelogWriter,
+) -> StateMeta:
+    """Commit ``changes`` + ``meta`` durably: changelog first, then the local WriteBatch.
+
+    ``meta.seq`` must be the store's seq + 1 (build it with
+    :meth:`QueueStateStore.next_meta`). ``meta.snapshot_offset`` belongs to the
+    changelog: the store's value is used whatever the caller passed. Returns
+    the meta now committed (its ``snapshot_offset`` moves when a snapshot was
+    written).
+
+    Example::
+
+        >>> meta = store.next_meta()  # doctest: +SKIP
+        >>> meta.origins[0] = (1041, 0)  # doctest: +SKIP
+        >>> changes = {b"k": b"v", b"gone": None}  # doctest: +SKIP
+        >>> meta = commit_with_changelog(store, changes, meta, writer)  # doctest: +SKIP
+    """
+    current = store.meta
+    if meta.seq != current.seq + 1:
+        # Checked before anything is sent: a bad seq must never reach the topic.
+        raise StateSequenceError(
+            f"commit with seq {meta.seq} to a store at seq {current.seq}; "
+            "build the meta with store.next_meta()"
+        )
+    if writer.queue_id != store.queue_id:
+        raise ValueError(
+            f"changelog writer of queue {writer.queue_id} used for the store of queue "
+            f"{store.queue_id}"
+        )
+    meta = replace(meta, snapshot_offset=current.snapshot_offset)
+    # Changelog first, local second. A crash (or a failed send) in between
+    # leaves the local store *behind* the changelog, never ahead of what is
+    # durable: the engine either restores (local_is_current() says False) or
+    # replays the same deterministic batch as this seq again; a restore keeps
+    # the last complete write of a seq, which is the one the store committed.
+    # The other order could leave local state that no restore can reproduce.
+    writer.write_delta(changes, meta)
+    store.commit(changes, meta)
+    if writer.snapshot_due(meta.seq):
+        begin = writer.write_snapshot(store)
+        # A meta-only update, not a new seq: a crash before it only means the
+        # next deltas still point at the previous (complete) snapshot.
+        meta = replace(store.meta, snapshot_offset=begin)
+        store.update_meta(meta)
+    return store.meta

@@ -1,0 +1,380 @@
+"""Rebuild a queue's state from its state-topic queue: latest complete snapshot + tail.
+
+The last message of the queue names (``"snap"``) the begin offset of the
+latest complete snapshot; the restore reads from there to the end: the
+snapshot's key/value stream, then every later delta in seq order. Nothing
+older than that snapshot is read, so broker retention may drop it. Without any
+snapshot the deltas are replayed from the queue's first stored offset.
+
+Rules that make the replay exact:
+
+- a delta is applied (values + meta, one WriteBatch) only when all its parts
+  are present; parts group by write id, so a crashed attempt never mixes with
+  its retry;
+- of several complete writes of one seq the *last* wins: a seq is written
+  again only when the previous attempt was not committed locally (see
+  :func:`~stream_assets.state.changelog.commit_with_changelog`), so the last
+  one is what the store held. Seq ``n`` is applied once seq ``n+1`` shows up
+  (or the queue ends); a jump in seq is an error, never silently skipped.
+
+Example::
+
+    >>> store.wipe()  # doctest: +SKIP
+    >>> result = restore_queue(store, "wordcount-state", 2, admin, reader)  # doctest: +SKIP
+    >>> result.seq == topic_seq(admin, reader, "wordcount-state", 2)  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.state.codec import StreamUnpacker
+from stream_assets.state.errors import StateFormatError, StateRestoreError
+from stream_assets.state.meta import StateMeta
+from stream_assets.state.records import (
+    ChangelogRecord,
+    Changes,
+    Delta,
+    SnapBegin,
+    SnapChunk,
+    SnapEnd,
+    decode_record,
+    join_delta_parts,
+)
+from stream_assets.state.store import QueueStateStore
+
+# Snapshot pairs are written in batches this large (keys / bytes).
+_LOAD_KEYS = 20_000
+_LOAD_BYTES = 8 * 1024 * 1024
+_PROGRESS_EVERY = 64
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    """How far a restore is: messages of the state queue read so far and expected."""
+
+    queue_id: int
+    messages_read: int
+    messages_total: int
+    bytes_read: int
+    keys_loaded: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore rebuilt and what it cost."""
+
+    queue_id: int
+    keys: int
+    seq: int
+    messages_read: int
+    bytes_read: int
+    seconds: float
+    start_offset: int
+    end_offset: int
+    snapshot_offset: int | None
+
+
+ProgressCallback = Callable[[RestoreProgress], None]
+
+
+def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> MessageQueue:
+    """The queue ``queue_id`` of ``state_topic``."""
+    matches = [q for q in admin.queues(state_topic) if q.queue_id == queue_id]
+    if len(matches) != 1:
+        raise StateRestoreError(
+            f"state topic {state_topic!r} has {len(matches)} queues with id {queue_id}; "
+            "expected exactly one (one broker, as many queues as the stateful stage)"
+        )
+    return matches[0]
+
+
+def _last_record(
+    admin: RocketMQAdmin, reader: QueueReader, queue: MessageQueue
+) -> tuple[ChangelogRecord | None, int, int]:
+    low, high = admin.min_offset(queue), admin.max_offset(queue)
+    if high <= low:
+        return None, low, high
+    batch = reader.pull(queue, high - 1, 1)
+    if not batch.records:
+        raise StateRestoreError(
+            f"cannot read the last message ({high - 1}) of {queue.topic}[{queue.queue_id}]: "
+            f"{batch.status.value}"
+        )
+    return decode_record(batch.records[0].body), low, high
+
+
+def topic_seq(admin: RocketMQAdmin, reader: QueueReader, state_topic: str, queue_id: int) -> int:
+    """Highest seq wholly written to the state queue (0 when it is empty).
+
+    Reads only the queue's last message.
+    """
+    last, _, _ = _last_record(admin, reader, state_queue(admin, state_topic, queue_id))
+    return 0 if last is None else last.written_seq
+
+
+def local_is_current(
+    store: QueueStateStore,
+    state_topic: str,
+    queue_id: int,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+) -> bool:
+    """Whether the local store holds every commit in the state topic (no restore needed).
+
+    False means the local store is behind (another instance committed after
+    it, or it crashed between changelog and local commit): wipe and restore.
+
+    Example::
+
+        >>> if not local_is_current(store, "wc-state", 2, admin, reader):  # doctest: +SKIP
+        ...     store.wipe()
+        ...     restore_queue(store, "wc-state", 2, admin, reader)
+    """
+    return store.meta.seq >= topic_seq(admin, reader, state_topic, queue_id)
+
+
+def restore_queue(
+    store: QueueStateStore,
+    state_topic: str,
+    queue_id: int,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+    progress: ProgressCallback | None = None,
+) -> RestoreResult:
+    """Rebuild the empty (wiped) ``store`` from queue ``queue_id`` of ``state_topic``.
+
+    ``progress`` is called every few dozen messages and once at the end.
+    Raises :class:`StateRestoreError` when the topic cannot reproduce the
+    state (needed history dropped by retention, a gap in the seqs).
+
+    Example::
+
+        >>> with QueueStateStore(root, "wc", "count", 2) as store:  # doctest: +SKIP
+        ...     store.wipe()
+        ...     result = restore_queue(store, "wc-state", 2, admin, reader, print)
+        >>> result.keys, result.seq  # doctest: +SKIP
+        (10000, 812)
+    """
+    started = time.perf_counter()
+    if not store.is_empty():
+        raise StateRestoreError(f"restore needs an empty store; wipe() {store.path} first")
+    queue = state_queue(admin, state_topic, queue_id)
+    last, low, high = _last_record(admin, reader, queue)
+    replay = _Replay(store, reader, queue, high, progress)
+    snapshot = None if last is None else last.snap
+    while True:
+        start = low if snapshot is None else snapshot
+        replay.expect(start)
+        if start < low:
+            raise StateRestoreError(
+                f"{queue.topic}[{queue_id}]: restore must start at offset {start} but the broker "
+                f"keeps only {low}..{high}; the history a restore needs was dropped"
+            )
+        if snapshot is None:
+            replay.deltas(replay.records(start), applied=0)
+            break
+        fallback = replay.from_snapshot(snapshot)
+        if isinstance(fallback, _Done):
+            break
+        # The snapshot was incomplete: start over from the complete one before it.
+        if fallback is not None and fallback >= snapshot:
+            raise StateRestoreError(
+                f"{queue.topic}[{queue_id}]: snapshot at {snapshot} is incomplete and points "
+                f"back to {fallback}, not to an earlier one"
+            )
+        store.wipe()
+        replay.reset()
+        snapshot = fallback
+    replay.report()
+    return RestoreResult(
+        queue_id=queue_id,
+        keys=store.key_count(),
+        seq=store.meta.seq,
+        messages_read=replay.messages,
+        bytes_read=replay.bytes,
+        seconds=time.perf_counter() - started,
+        start_offset=start,
+        end_offset=high,
+        snapshot_offset=replay.snapshot,
+    )
+
+
+class _Done:
+    """Marker: the snapshot was complete and the tail applied."""
+
+
+_DONE = _Done()
+
+
+class _Replay:
+    """One restore's reading position, counters and apply logic."""
+
+    def __init__(
+        self,
+        store: QueueStateStore,
+        reader: QueueReader,
+        queue: MessageQueue,
+        end: int,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.store = store
+        self.reader = reader
+        self.queue = queue
+        self.end = end
+        self.progress = progress
+        self.messages = 0
+        self.bytes = 0
+        self.total = 0
+        self.keys = 0
+        self.snapshot: int | None = None
+
+    def expect(self, start: int) -> None:
+        """Account for reading ``start`` .. end next."""
+        self.total = self.messages + max(0, self.end - start)
+
+    def reset(self) -> None:
+        """Forget what was loaded (the store was wiped); counters of work done stay."""
+        self.keys = 0
+        self.snapshot = None
+
+    def report(self) -> None:
+        """Tell the progress callback where we are."""
+        if self.progress is not None:
+            self.progress(
+                RestoreProgress(
+                    self.queue.queue_id, self.messages, self.total, self.bytes, self.keys
+                )
+            )
+
+    def records(self, start: int) -> Iterator[tuple[int, ChangelogRecord]]:
+        """Decoded records from ``start`` to the end fixed when the restore began."""
+        for record in self.reader.read(self.queue, start, self.end):
+            self.messages += 1
+            self.bytes += len(record.body)
+            if self.messages % _PROGRESS_EVERY == 0:
+                self.report()
+            yield record.queue_offset, decode_record(record.body)
+
+    # -- snapshot ----------------------------------------------------------
+
+    def from_snapshot(self, begin: int) -> _Done | int | None:
+        """Load the snapshot at ``begin`` and the deltas after it.
+
+        Returns _DONE, or (snapshot incomplete) the offset of the snapshot
+        before it, None if there was none.
+        """
+        records = self.records(begin)
+        first = next(records, None)
+        if first is None or first[0] != begin or not isinstance(first[1], SnapBegin):
+            raise StateRestoreError(
+                f"{self.queue.topic}[{self.queue.queue_id}]: offset {begin} is named as a "
+                "snapshot begin but holds something else"
+            )
+        head = first[1]
+        unpacker = StreamUnpacker()
+        batch: dict[bytes, bytes | None] = {}
+        batch_bytes = 0
+        key: bytes | None = None
+        expected = 0
+        for _offset, record in records:
+            if isinstance(record, SnapChunk) and record.write_id == head.write_id:
+                if record.index < expected:  # a retried send stored twice
+                    continue
+                if record.index > expected:
+                    return head.snap
+                expected += 1
+                for obj in unpacker.feed(record.data):
+                    if not isinstance(obj, bytes):
+                        raise StateFormatError(f"snapshot at {begin} holds a non-bytes {obj!r:.80}")
+                    if key is None:
+                        key = obj
+                        continue
+                    batch[key] = obj
+                    batch_bytes += len(key) + len(obj)
+                    key = None
+                    if len(batch) >= _LOAD_KEYS or batch_bytes >= _LOAD_BYTES:
+                        self._load(batch)
+                        batch, batch_bytes = {}, 0
+            elif isinstance(record, SnapBegin) and record.write_id == head.write_id:
+                continue  # a retried send stored twice
+            elif isinstance(record, SnapEnd) and record.write_id == head.write_id:
+                if record.chunks != expected or key is not None:
+                    return head.snap
+                self._load(batch)
+                self.snapshot = begin
+                self.store.load({}, replace(head.meta, snapshot_offset=begin))
+                self.deltas(records, applied=head.seq)
+                return _DONE
+            else:
+                # Anything else before snap-end: the writer died mid-snapshot.
+                return head.snap
+        return head.snap
+
+    def _load(self, batch: dict[bytes, bytes | None]) -> None:
+        if batch:
+            self.store.load(batch)
+            self.keys += len(batch)
+
+    # -- deltas ------------------------------------------------------------
+
+    def deltas(self, records: Iterator[tuple[int, ChangelogRecord]], applied: int) -> None:
+        """Apply every delta after seq ``applied``, the last complete write of each seq."""
+        pending: tuple[int, Changes, StateMeta] | None = None
+        partial: dict[bytes, dict[int, Delta]] = {}
+        for _offset, record in records:
+            if not isinstance(record, Delta) or record.seq <= applied:
+                continue  # snapshots of other attempts, or seqs already applied
+            whole = self._whole(record, partial)
+            if whole is None:
+                continue
+            current = pending[0] if pending is not None else applied
+            if record.seq == current and pending is not None:
+                pending = (record.seq, *whole)  # a later write of the same seq wins
+            elif record.seq == current + 1:
+                if pending is not None:
+                    self._apply(*pending)
+                    applied = pending[0]
+                    for write_id in [w for w, p in partial.items() if _seq(p) <= applied]:
+                        del partial[write_id]
+                pending = (record.seq, *whole)
+            elif record.seq > current + 1:
+                raise StateRestoreError(
+                    f"{self.queue.topic}[{self.queue.queue_id}]: seq jumps from {current} to "
+                    f"{record.seq}; the changelog is missing commits"
+                )
+        if pending is not None:
+            self._apply(*pending)
+
+    @staticmethod
+    def _whole(
+        record: Delta, partial: dict[bytes, dict[int, Delta]]
+    ) -> tuple[Changes, StateMeta] | None:
+        if record.changes is not None and record.meta is not None:
+            return record.changes, record.meta
+        parts = partial.setdefault(record.write_id, {})
+        parts[record.part] = record
+        if len(parts) < record.parts:
+            return None
+        del partial[record.write_id]
+        return join_delta_parts(list(parts.values()))
+
+    def _apply(self, seq: int, changes: Changes, meta: StateMeta) -> None:
+        if meta.seq != seq:
+            raise StateFormatError(f"delta of seq {seq} carries meta of seq {meta.seq}")
+        if self.snapshot is not None and (
+            meta.snapshot_offset is None or meta.snapshot_offset < self.snapshot
+        ):
+            # Written before the store recorded the snapshot we loaded: point at it now.
+            meta = replace(meta, snapshot_offset=self.snapshot)
+        self.store.load(dict(changes), meta)
+        self.keys += len(changes)
+
+
+def _seq(parts: dict[int, Delta]) -> int:
+    return next(iter(parts.values())).seq

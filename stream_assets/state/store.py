@@ -1,0 +1,219 @@
+"""One RocksDB per (job, operator, queue): keyed state plus its meta, committed atomically.
+
+User keys live under ``b"u:"`` and the meta under ``b"m:"``, so no user key
+can collide with the bookkeeping and iteration over user state never sees it.
+A commit is one WriteBatch holding every value change *and* the new meta
+(sequence number, applied offsets, watermark): after a crash the store is
+either before or after the whole batch, so replaying the batch is idempotent.
+
+RocksDB locks a database to one process, so the engine opens a store per task
+and closes it afterwards; opening is a plain RocksDB open (no scans).
+
+Example::
+
+    >>> with QueueStateStore(tmp, "job", "count", 2) as store:  # doctest: +SKIP
+    ...     meta = store.next_meta()
+    ...     meta.origins[0] = (41, 0)
+    ...     store.commit({b"apple": b"3", b"pear": None}, meta)
+    ...     store.get(b"apple"), store.meta.seq
+    (b'3', 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import cast
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from stream_assets.state.errors import StateError, StateSequenceError
+from stream_assets.state.meta import StateMeta
+
+_USER = b"u:"
+_META_KEY = b"m:meta"
+
+
+def _upper_bound(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    # Every caller's prefix starts with _USER, so stripping never empties it.
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class QueueStateStore:
+    """The RocksDB state of one operator on one queue, at ``root/job_id/operator_id/queue-<id>``.
+
+    Use it as a context manager (or :meth:`open` / :meth:`close`). Not
+    thread-safe: one task owns a store at a time.
+
+    ``sync=True`` fsyncs the WAL on every commit (survives power loss, not just
+    a killed process); the default relies on the state topic for that case.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        job_id: str,
+        operator_id: str,
+        queue_id: int,
+        sync: bool = False,
+    ) -> None:
+        for name, part in (("job_id", job_id), ("operator_id", operator_id)):
+            if not part or "/" in part or part in (".", ".."):
+                raise ValueError(f"{name} must be a plain directory name, got {part!r}")
+        if queue_id < 0:
+            raise ValueError(f"queue_id must be >= 0, got {queue_id}")
+        self.job_id = job_id
+        self.operator_id = operator_id
+        self.queue_id = queue_id
+        self.path = Path(root) / job_id / operator_id / f"queue-{queue_id}"
+        self._sync = sync
+        self._db: Rdict | None = None
+        self._meta = StateMeta()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def open(self) -> QueueStateStore:
+        """Open (creating if missing) the database and load its meta."""
+        if self._db is not None:
+            return self
+        self.path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        # Thousands of small per-queue stores would otherwise keep 1000 info logs each.
+        options.set_keep_log_file_num(2)
+        self._db = Rdict(str(self.path), options=options)
+        raw = self._db.get(_META_KEY)
+        self._meta = StateMeta() if raw is None else StateMeta.decode(raw)
+        return self
+
+    def close(self) -> None:
+        """Flush and release the database (and its process lock); safe to call twice."""
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the database is open."""
+        return self._db is not None
+
+    def __enter__(self) -> QueueStateStore:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _opened(self) -> Rdict:
+        if self._db is None:
+            raise StateError(f"state store {self.path} is not open; use it as a context manager")
+        return self._db
+
+    # -- reads -------------------------------------------------------------
+
+    @property
+    def meta(self) -> StateMeta:
+        """A copy of the committed meta (modify it and pass it to :meth:`commit`)."""
+        self._opened()
+        return self._meta.copy()
+
+    def next_meta(self) -> StateMeta:
+        """A copy of the committed meta with ``seq`` advanced: what the next commit takes."""
+        meta = self.meta
+        meta.seq += 1
+        return meta
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or None."""
+        value = self._opened().get(_USER + key)
+        return None if value is None else bytes(value)
+
+    def items(self, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """User ``(key, value)`` pairs whose key starts with ``prefix``, in key order."""
+        db = self._opened()
+        lower = _USER + prefix
+        read_opt = ReadOptions()
+        read_opt.set_iterate_upper_bound(_upper_bound(lower))
+        cut = len(_USER)
+        for key, value in db.items(from_key=lower, read_opt=read_opt):
+            # Raw mode: keys and values are always bytes.
+            yield cast(bytes, key)[cut:], cast(bytes, value)
+
+    def key_count(self) -> int:
+        """Exact number of user keys (a full scan of the keys)."""
+        return sum(1 for _ in self.items())
+
+    def is_empty(self) -> bool:
+        """True for a fresh store: no commit yet and no user key."""
+        return self._meta.seq == 0 and next(self.items(), None) is None
+
+    def size_bytes(self) -> int:
+        """Approximate on-disk size: every file in the database directory."""
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.path):
+            for name in files:
+                # A compaction may remove a file between listing and stat.
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.path.getsize(os.path.join(dirpath, name))
+        return total
+
+    # -- writes ------------------------------------------------------------
+
+    def commit(self, changes: Mapping[bytes, bytes | None], meta: StateMeta) -> None:
+        """Apply ``changes`` (None deletes) and store ``meta``, all in one WriteBatch.
+
+        ``meta.seq`` must be the committed seq + 1 (see :meth:`next_meta`);
+        anything else means stale meta or a second writer, and nothing is written.
+        """
+        if meta.seq != self._meta.seq + 1:
+            raise StateSequenceError(
+                f"commit to {self.path} with seq {meta.seq}, but the store is at seq "
+                f"{self._meta.seq}; build the meta with next_meta()"
+            )
+        self._write(changes, meta)
+
+    def update_meta(self, meta: StateMeta) -> None:
+        """Replace the meta without a new commit (same ``seq``; e.g. a new snapshot offset)."""
+        if meta.seq != self._meta.seq:
+            raise StateSequenceError(
+                f"meta update of {self.path} with seq {meta.seq}, but the store is at seq "
+                f"{self._meta.seq}"
+            )
+        self._write({}, meta)
+
+    def load(self, changes: Mapping[bytes, bytes | None], meta: StateMeta | None = None) -> None:
+        """Write ``changes`` and, if given, exactly ``meta``, in one batch, unchecked.
+
+        For restore, which replays sequence numbers chosen elsewhere and loads
+        snapshot chunks before their meta is known. Engine code uses :meth:`commit`.
+        """
+        self._write(changes, meta)
+
+    def _write(self, changes: Mapping[bytes, bytes | None], meta: StateMeta | None) -> None:
+        db = self._opened()
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(_USER + key)
+            else:
+                batch.put(_USER + key, value)
+        if meta is not None:
+            batch.put(_META_KEY, meta.encode())
+        write_opt = WriteOptions()
+        write_opt.sync = self._sync
+        db.write(batch, write_opt=write_opt)
+        if meta is not None:
+            self._meta = meta.copy()
+
+    def wipe(self) -> None:
+        """Delete the database directory; a store that was open is reopened empty."""
+        was_open = self.is_open
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._meta = StateMeta()
+        if was_open:
+            self.open()
