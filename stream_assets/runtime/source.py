@@ -136,13 +136,24 @@ class RocketMQStreamReader(DataSourceStreamReader):  # type: ignore[misc]
 
     def __init__(self, options: SourceOptions) -> None:
         self.opts = options
-        self._admin = RocketMQAdmin(options.settings())
+        self._admin_obj: RocketMQAdmin | None = None
         route_queues = self._admin.queues(options.topic)
         wanted = set(options.queues) if options.queues is not None else None
         self._queues = [q for q in route_queues if wanted is None or q.queue_id in wanted]
         if wanted is not None and len(self._queues) != len(wanted):
             missing = sorted(wanted - {q.queue_id for q in self._queues})
             raise ValueError(f"rocketmq source: topic {options.topic!r} has no queues {missing}")
+
+    @property
+    def _admin(self) -> RocketMQAdmin:
+        # Created lazily and never pickled: Spark ships this reader (for read())
+        # to executors, and sockets do not pickle.
+        if self._admin_obj is None:
+            self._admin_obj = RocketMQAdmin(self.opts.settings())
+        return self._admin_obj
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_admin_obj": None}
 
     def _key(self, queue: MessageQueue) -> str:
         return f"{queue.broker_name}:{queue.queue_id}"

@@ -48,7 +48,7 @@ from stream_assets.state.records import (
 )
 from stream_assets.state.store import QueueStateStore
 
-# Snapshot pairs are written in batches this large (keys / bytes).
+# Snapshot pairs and replayed deltas are written in batches this large (keys / bytes).
 _LOAD_KEYS = 20_000
 _LOAD_BYTES = 8 * 1024 * 1024
 _PROGRESS_EVERY = 64
@@ -233,6 +233,9 @@ class _Replay:
         self.total = 0
         self.keys = 0
         self.snapshot: int | None = None
+        self._changes: dict[bytes, bytes | None] = {}
+        self._change_bytes = 0
+        self._meta: StateMeta | None = None
 
     def expect(self, start: int) -> None:
         """Account for reading ``start`` .. end next."""
@@ -242,6 +245,7 @@ class _Replay:
         """Forget what was loaded (the store was wiped); counters of work done stay."""
         self.keys = 0
         self.snapshot = None
+        self._changes, self._change_bytes, self._meta = {}, 0, None
 
     def report(self) -> None:
         """Tell the progress callback where we are."""
@@ -350,6 +354,7 @@ class _Replay:
                 )
         if pending is not None:
             self._apply(*pending)
+        self._flush()
 
     @staticmethod
     def _whole(
@@ -372,8 +377,21 @@ class _Replay:
         ):
             # Written before the store recorded the snapshot we loaded: point at it now.
             meta = replace(meta, snapshot_offset=self.snapshot)
-        self.store.load(dict(changes), meta)
+        # Consecutive deltas share one WriteBatch (a restore needs only the end
+        # state); each batch still carries the meta of its last delta, so the
+        # store is consistent at some seq after every write.
+        for key, value in changes:
+            self._changes[key] = value
+            self._change_bytes += len(key) + (0 if value is None else len(value))
+        self._meta = meta
         self.keys += len(changes)
+        if len(self._changes) >= _LOAD_KEYS or self._change_bytes >= _LOAD_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._meta is not None:
+            self.store.load(self._changes, self._meta)
+        self._changes, self._change_bytes, self._meta = {}, 0, None
 
 
 def _seq(parts: dict[int, Delta]) -> int:
