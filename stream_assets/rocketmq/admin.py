@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -319,6 +320,14 @@ class RocketMQAdmin:
         _check(reply, f"consumer offset of {group!r} on {queue.topic}[{queue.queue_id}]")
         return int(reply.ext_fields["offset"])
 
+    def create_consumer_group(self, group: str, queue: MessageQueue) -> None:
+        """Create (or update) subscription group ``group`` on ``queue``'s broker."""
+        addr = self.broker_addr(queue)
+        reply = self._pool.get(addr, f"broker {queue.broker_name}").call(
+            RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, body=_group_config(group)
+        )
+        _check(reply, f"create consumer group {group!r}")
+
     def commit_consumer_offset(self, group: str, queue: MessageQueue, offset: int) -> None:
         """Store ``offset`` as ``group``'s position on ``queue`` (acknowledged by the broker)."""
         if offset < 0:
@@ -330,7 +339,26 @@ class RocketMQAdmin:
             "commitOffset": str(offset),
         }
         reply = self._broker_call(queue, RequestCode.UPDATE_CONSUMER_OFFSET, fields)
+        if reply.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
+            # 5.x registers a group only when it pulls; commit-before-pull needs it created.
+            self.create_consumer_group(group, queue)
+            reply = self._broker_call(queue, RequestCode.UPDATE_CONSUMER_OFFSET, fields)
         _check(reply, f"commit offset {offset} for {group!r} on {queue.topic}[{queue.queue_id}]")
+
+
+def _group_config(group: str) -> bytes:
+    return json.dumps(
+        {
+            "groupName": group,
+            "consumeEnable": True,
+            "consumeFromMinEnable": True,
+            "consumeBroadcastEnable": False,
+            "retryQueueNums": 1,
+            "retryMaxTimes": 16,
+            "brokerId": 0,
+            "whichBrokerWhenConsumeSlowly": 1,
+        }
+    ).encode()
 
 
 def _check(reply: RemotingCommand, what: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from stream_assets.plan.topology import Stage, Topology
-from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.runtime.source import RocketMQDataSource
 from stream_assets.runtime.stateful_stage import run_stateful
 from stream_assets.runtime.stateless_stage import run_stateless
@@ -160,8 +160,11 @@ class Instance:
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
-        if stage.stateful:
-            reader = reader.option("tick_ms", str(self.engine.tick_ms))
+        if stage.aggregate is not None and stage.aggregate.window is not None:
+            # Windows can fire on time alone (idle timeout): give the stage a
+            # batch now and then even when no input arrives.
+            tick = min(self.engine.tick_ms, max(100, stage.aggregate.idle_timeout_ms // 2))
+            reader = reader.option("tick_ms", str(tick))
         next_agg = None
         if stage.index + 1 < len(self.topology.stages):
             next_agg = self.topology.stages[stage.index + 1].aggregate
@@ -177,6 +180,7 @@ class Instance:
             state_dir=str(self.engine.resolved_state_dir()),
             snapshot_every=self.engine.snapshot_every,
             combine=False,
+            first_batch=True,
             generation=self.generation,
         )
         checkpoint = self._checkpoints / f"stage-{stage.index}"
@@ -197,12 +201,25 @@ class Instance:
                 raise StopRequested()
             if not first_batch:
                 first_batch.append(batch_id)
+            first = batch_id == first_batch[0]
             # Never pre-combine the first batch after a start (stateless_stage docs).
-            ctx = replace(template, combine=batch_id > first_batch[0])
-            rows = df.mapInArrow(_task(ctx), STATS_DDL).collect()
-            self._record(ctx.stage.index, [r.asDict() for r in rows])
+            ctx = replace(template, combine=not first, first_batch=first)
+            rows = [r.asDict() for r in df.mapInArrow(_task(ctx), STATS_DDL).collect()]
+            self._commit(ctx.stage, rows)
+            self._record(ctx.stage.index, rows)
 
         return run_batch
+
+    def _commit(self, stage: Stage, rows: list[dict[str, Any]]) -> None:
+        """Store each queue's batch end as the group's offset: the work is durable now.
+
+        Spark's own source commit would come only when the next batch is
+        planned, i.e. never for the last batch before a quiet period.
+        """
+        with RocketMQAdmin(self.rocketmq) as admin:
+            for row in rows:
+                queue = MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"]))
+                admin.commit_consumer_offset(self.group, queue, int(row["end_offset"]))
 
     def _record(self, stage: int, rows: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -211,7 +228,9 @@ class Instance:
             m.last_batch_at = time.time()
             for row in rows:
                 for key, value in row.items():
-                    if key in ("stage", "queue_id", "watermark", "state_keys", "state_bytes"):
+                    if key in (
+                        "stage", "queue_id", "end_offset", "watermark", "state_keys", "state_bytes"
+                    ):
                         continue
                     m.totals[key] += value
                 m.watermark = max(m.watermark, int(row.get("watermark", -1)))

@@ -3,8 +3,8 @@
 One Spark input partition per message queue, offsets per queue, and a bound on
 records per micro-batch (``ReadMaxRows``, PySpark >= 4.2). The start position
 of every queue is the consumer group's committed offset on the broker (its min
-offset if the group never committed), and ``commit`` stores the batch end back
-to the broker once Spark has finished the batch: the broker, not a Spark
+offset if the group never committed); the consumer of a batch commits its end
+once the batch's work is durable: the broker, not a Spark
 checkpoint, is the authority, so a queue can move to another instance.
 
 Two row shapes (option ``rows``):
@@ -205,10 +205,10 @@ class RocketMQStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             )
 
     def commit(self, end: dict[str, Any]) -> None:
-        for queue in self._queues:
-            self._admin.commit_consumer_offset(
-                self.opts.group, queue, int(end["q"][self._key(queue)])
-            )
+        # Offsets are committed by whoever consumes the batch, once its work is
+        # durable (Instance._commit); Spark calls this only when it plans the
+        # *next* batch, which may never come.
+        return None
 
     def stop(self) -> None:
         self._admin.close()

@@ -88,14 +88,18 @@ def run_stateful(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskS
     """Process shuffle offsets ``start`` .. ``end`` of queue ``queue_id``."""
     agg = ctx.stage.aggregate
     assert agg is not None and ctx.stage.state_topic is not None
-    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id)
+    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
     settings = ctx.client_settings()
     admin = admin_for(settings)
     reader = reader_for(settings, f"{ctx.group}-state")
     store = QueueStateStore(ctx.state_root, ctx.job_id, agg.op_id, queue_id)
     store.open()
     try:
-        if not local_is_current(store, ctx.stage.state_topic, queue_id, admin, reader):
+        # Within a run this process's commits keep the store current; only the
+        # first batch after a start can find it behind (moved queue, crash).
+        if ctx.first_batch and not local_is_current(
+            store, ctx.stage.state_topic, queue_id, admin, reader
+        ):
             store.wipe()
             store.open()
             result = restore_queue(store, ctx.stage.state_topic, queue_id, admin, reader)

@@ -31,7 +31,7 @@ _WHOLE_OFFSET = 2**31 - 1
 
 def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
     """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
-    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id)
+    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
     stage = ctx.stage
     assert stage.source is not None
     reader = reader_for(ctx.client_settings(), ctx.group)

@@ -42,6 +42,7 @@ class TaskContext:
     state_dir: str
     snapshot_every: int
     combine: bool  # pre-combine allowed in this batch (never the first after a start)
+    first_batch: bool  # first batch of this query run: check local state against the topic
     generation: int = 0
 
     def client_settings(self) -> RocketMQSettings:
@@ -85,6 +86,7 @@ class TaskStats:
 
     stage: int = 0
     queue_id: int = 0
+    end_offset: int = 0
     records_in: int = 0
     outputs: int = 0
     shuffle_messages: int = 0

@@ -99,12 +99,6 @@ def test_never_committed_group_returns_none(
     assert [admin.query_consumer_offset(group, q) for q in queues] == [None, 1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RemotingError,
-    reason="BUG: RocketMQ 5 answers code 26 'Group ... not exist!' to UPDATE_CONSUMER_OFFSET "
-    "for a group the broker has not seen; commit_consumer_offset does not create it",
-)
 def test_commit_for_a_group_that_never_pulled(
     admin: RocketMQAdmin, client_settings: RocketMQSettings
 ) -> None:
