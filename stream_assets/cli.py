@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 from stream_assets.rocketmq.errors import RocketMQError
@@ -54,6 +55,38 @@ def _roundtrip(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _run(args: argparse.Namespace) -> int:
+    from stream_assets.examples import EXAMPLES
+
+    if args.example not in EXAMPLES:
+        raise ValueError(f"unknown example {args.example!r}; choose from {sorted(EXAMPLES)}")
+    if args.example == "wordcount" and args.demo_lines:
+        from stream_assets.examples.demo import run_wordcount_demo
+
+        report = run_wordcount_demo(args.demo_lines)
+        print(
+            f"WordCount over {report.lines} lines ({report.words} words) in {report.seconds:.1f}s"
+        )
+        for word, count in report.top:
+            print(f"  {word:<12} {count}")
+        print("matches an independent count: " + ("yes" if report.matches else "NO"))
+        return 0 if report.matches else 1
+    from stream_assets.runtime.instance import Instance
+
+    instance = Instance(EXAMPLES[args.example]())
+    instance.start()
+    try:
+        while True:
+            instance.check_failed()
+            time.sleep(5)
+            print(f"lag: {instance.lag()}", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        instance.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``stream-assets``."""
     parser = argparse.ArgumentParser(prog="stream-assets", description=__doc__.splitlines()[0])
@@ -73,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--messages", type=int, default=1000)
     rt.add_argument("--queues", type=int, default=8)
     rt.set_defaults(func=_roundtrip)
+    run = sub.add_parser("run", help="run one instance of an example topology")
+    run.add_argument("example", help="wordcount | windowed-sum | seed-article")
+    run.add_argument(
+        "--demo-lines",
+        type=int,
+        default=0,
+        help="wordcount only: produce N generated lines, run until done, check the counts",
+    )
+    run.set_defaults(func=_run)
     return parser
 
 

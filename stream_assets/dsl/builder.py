@@ -134,7 +134,9 @@ class RStream:
     def window(self, spec: Any) -> RStream:
         """Window the aggregation that follows (field style: window, then group_by)."""
         if not hasattr(spec, "assign"):
-            raise TypeError(f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}")
+            raise TypeError(
+                f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}"
+            )
         return RStream(self._b, window=spec)
 
     def key_by(self, selector: Callable[[Any], Any] | str) -> GroupedStream:
@@ -182,7 +184,9 @@ class GroupedStream:
     def window(self, spec: Any) -> GroupedStream:
         """Aggregate per window of ``spec`` (tumbling, sliding or session)."""
         if not hasattr(spec, "assign"):
-            raise TypeError(f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}")
+            raise TypeError(
+                f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}"
+            )
         return GroupedStream(self._b, spec)
 
     def _agg(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
@@ -192,19 +196,27 @@ class GroupedStream:
         """Number of records per key (and window)."""
         return self._agg(alias, Count())
 
-    def sum(self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None) -> AggregatedStream:
+    def sum(
+        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+    ) -> AggregatedStream:
         """Sum of a field / function per key."""
         return self._agg(alias, Sum(field_or_fn(selector, "sum")))
 
-    def min(self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None) -> AggregatedStream:
+    def min(
+        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+    ) -> AggregatedStream:
         """Smallest field / function value per key."""
         return self._agg(alias, Min(field_or_fn(selector, "min")))
 
-    def max(self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None) -> AggregatedStream:
+    def max(
+        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+    ) -> AggregatedStream:
         """Largest field / function value per key."""
         return self._agg(alias, Max(field_or_fn(selector, "max")))
 
-    def avg(self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None) -> AggregatedStream:
+    def avg(
+        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+    ) -> AggregatedStream:
         """Mean of a field / function per key."""
         return self._agg(alias, Avg(field_or_fn(selector, "avg")))
 
@@ -241,19 +253,27 @@ class AggregatedStream:
         """Also count records, as ``alias``."""
         return self._more(alias, Count())
 
-    def sum(self, selector: str | Callable[[Any], Any], alias: str | None = None) -> AggregatedStream:
+    def sum(
+        self, selector: str | Callable[[Any], Any], alias: str | None = None
+    ) -> AggregatedStream:
         """Also sum a field, as ``alias``."""
         return self._more(alias, Sum(field_or_fn(selector, "sum")))
 
-    def min(self, selector: str | Callable[[Any], Any], alias: str | None = None) -> AggregatedStream:
+    def min(
+        self, selector: str | Callable[[Any], Any], alias: str | None = None
+    ) -> AggregatedStream:
         """Also the minimum of a field, as ``alias``."""
         return self._more(alias, Min(field_or_fn(selector, "min")))
 
-    def max(self, selector: str | Callable[[Any], Any], alias: str | None = None) -> AggregatedStream:
+    def max(
+        self, selector: str | Callable[[Any], Any], alias: str | None = None
+    ) -> AggregatedStream:
         """Also the maximum of a field, as ``alias``."""
         return self._more(alias, Max(field_or_fn(selector, "max")))
 
-    def avg(self, selector: str | Callable[[Any], Any], alias: str | None = None) -> AggregatedStream:
+    def avg(
+        self, selector: str | Callable[[Any], Any], alias: str | None = None
+    ) -> AggregatedStream:
         """Also the mean of a field, as ``alias``."""
         return self._more(alias, Avg(field_or_fn(selector, "avg")))
 

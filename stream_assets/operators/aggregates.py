@@ -183,9 +183,7 @@ class Composite(Accumulator):
         return [part.merge(x, y) for (_, part), x, y in zip(self.parts, a, b, strict=True)]
 
     def result(self, acc: list[Any]) -> dict[str, Any]:
-        return {
-            alias: part.result(a) for (alias, part), a in zip(self.parts, acc, strict=True)
-        }
+        return {alias: part.result(a) for (alias, part), a in zip(self.parts, acc, strict=True)}
 
 
 _BUILT_INS: tuple[type[Accumulator], ...] = (Count, Sum, Min, Max, Avg)

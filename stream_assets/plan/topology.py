@@ -27,9 +27,7 @@ _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,80}$")
 def validate_name(name: str, what: str) -> str:
     """Return ``name`` if it is a usable job id / topic name, else raise naming it."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"{what} {name!r} is not valid: use 1-80 letters, digits, '_' or '-'"
-        )
+        raise ValueError(f"{what} {name!r} is not valid: use 1-80 letters, digits, '_' or '-'")
     return name
 
 

@@ -229,7 +229,12 @@ class Instance:
             for row in rows:
                 for key, value in row.items():
                     if key in (
-                        "stage", "queue_id", "end_offset", "watermark", "state_keys", "state_bytes"
+                        "stage",
+                        "queue_id",
+                        "end_offset",
+                        "watermark",
+                        "state_keys",
+                        "state_bytes",
                     ):
                         continue
                     m.totals[key] += value
@@ -271,7 +276,9 @@ class Instance:
                 if all(v == 0 for v in lag.values()):
                     return lag
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.topology.job_id}: still lagging after {timeout_s}s: {lag}")
+                raise TimeoutError(
+                    f"{self.topology.job_id}: still lagging after {timeout_s}s: {lag}"
+                )
             time.sleep(poll_s)
 
     def stop(self, timeout_s: float = 120.0) -> None:
@@ -279,8 +286,10 @@ class Instance:
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         for query in self._queries:
-            while query.isActive and query.status.get("isTriggerActive") and (
-                time.monotonic() < deadline
+            while (
+                query.isActive
+                and query.status.get("isTriggerActive")
+                and (time.monotonic() < deadline)
             ):
                 time.sleep(0.1)
             query.stop()

@@ -70,7 +70,7 @@ RANGE_SCHEMA = StructType(
 
 
 @dataclass(frozen=True)
-class QueueRange(InputPartition):  # type: ignore[misc]
+class QueueRange(InputPartition):
     """One queue's slice of a micro-batch."""
 
     topic: str
@@ -117,7 +117,7 @@ class SourceOptions:
         return RocketMQSettings(namesrv_addr=self.namesrv_addr)
 
 
-class RocketMQDataSource(DataSource):  # type: ignore[misc]
+class RocketMQDataSource(DataSource):
     """The ``rocketmq`` format."""
 
     @classmethod
@@ -131,7 +131,7 @@ class RocketMQDataSource(DataSource):  # type: ignore[misc]
         return RocketMQStreamReader(SourceOptions.parse(dict(self.options)))
 
 
-class RocketMQStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class RocketMQStreamReader(DataSourceStreamReader):
     """Plans micro-batches over the assigned queues; runs in the driver's Python."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -190,7 +190,8 @@ class RocketMQStreamReader(DataSourceStreamReader):  # type: ignore[misc]
                 parts.append(QueueRange(queue.topic, queue.broker_name, queue.queue_id, lo, hi))
         return parts
 
-    def read(self, partition: QueueRange) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, QueueRange)
         if self.opts.rows == "ranges":
             yield (partition.queue_id, partition.start, partition.end)
             return
@@ -200,8 +201,13 @@ class RocketMQStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         reader = reader_for(self.opts.settings(), self.opts.group)
         for r in reader.read(queue, partition.start, partition.end):
             yield (
-                r.queue_id, r.queue_offset, r.body, list(r.keys), r.tags,
-                r.born_timestamp, r.store_timestamp,
+                r.queue_id,
+                r.queue_offset,
+                r.body,
+                list(r.keys),
+                r.tags,
+                r.born_timestamp,
+                r.store_timestamp,
             )
 
     def commit(self, end: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ from stream_assets.runtime.task_context import TaskContext, TaskStats
 from stream_assets.state.changelog import ChangelogWriter, commit_with_changelog
 from stream_assets.state.restore import local_is_current, restore_queue
 from stream_assets.state.store import QueueStateStore
-from stream_assets.windows import Window, WatermarkTracker, merge_sessions, window_closed
+from stream_assets.windows import WatermarkTracker, Window, merge_sessions, window_closed
 
 _PLAIN = b"k"  # unwindowed: key -> acc
 _WINDOWED = b"w"  # end, start, key -> acc (ordered by end, so firing scans a prefix)
@@ -232,8 +232,10 @@ def _fold_session(
 ) -> None:
     skey = _SESSION + key_bytes
     sessions = state.get(skey) or []
-    acc = acc_def.merge(acc_def.zero(), partial) if partial is not None else acc_def.add(
-        acc_def.zero(), value
+    acc = (
+        acc_def.merge(acc_def.zero(), partial)
+        if partial is not None
+        else acc_def.add(acc_def.zero(), value)
     )
     candidates = [(Window(s, e), a) for s, e, a in sessions] + [(window, acc)]
     merged = []
@@ -246,7 +248,10 @@ def _fold_session(
 
 
 def _fire(
-    state: _BatchState, agg: n.Aggregate, fire_to: int | None, results: list[tuple[str, dict[str, Any]]]
+    state: _BatchState,
+    agg: n.Aggregate,
+    fire_to: int | None,
+    results: list[tuple[str, dict[str, Any]]],
 ) -> int | None:
     """Remove and collect windows ending at or before ``fire_to`` (None: all)."""
     acc_def = agg.accumulator
@@ -258,8 +263,12 @@ def _fire(
     def collect(key_bytes: bytes, window: Window, acc: Any) -> None:
         nonlocal fired_end
         key = decode_key(key_bytes)
-        out = {"key": key, **acc_def.result(acc), "window_start": window.start,
-               "window_end": window.end}
+        out = {
+            "key": key,
+            **acc_def.result(acc),
+            "window_start": window.start,
+            "window_end": window.end,
+        }
         results.append((f"{window.start}-{window.end}/{_result_key(key)}", out))
         fired_end = window.end if fired_end is None else max(fired_end, window.end)
 
@@ -285,8 +294,11 @@ def _fire(
         if not due(window):
             break  # keys are ordered by window end
         due_keys.add(raw)
-    due_keys |= {k for k, v in state.cache.items() if k.startswith(_WINDOWED) and v is not None
-                 and due(_parse_wkey(k)[0])}
+    due_keys |= {
+        k
+        for k, v in state.cache.items()
+        if k.startswith(_WINDOWED) and v is not None and due(_parse_wkey(k)[0])
+    }
     for raw in sorted(due_keys):
         acc = state.get(raw)
         if acc is None:
@@ -315,20 +327,26 @@ def _emit(
     if agg.late_topic:
         producer = ctx.producer()
         for key, value, window_end in late:
-            body = json.dumps({"key": key, "value": value, "window_end": window_end},
-                              default=str).encode()
+            body = json.dumps(
+                {"key": key, "value": value, "window_end": window_end}, default=str
+            ).encode()
             producer.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{_result_key(key)}")
     outputs.flush()
 
 
 def _dead_letter(
-    ctx: TaskContext, stats: TaskStats, record: Record | None, op_id: str,
-    exc: BaseException, value: Any,
+    ctx: TaskContext,
+    stats: TaskStats,
+    record: Record | None,
+    op_id: str,
+    exc: BaseException,
+    value: Any,
 ) -> None:
     body = json.dumps(value, default=str).encode()
     source = record or Record(ctx.stage.input_topic, -1, -1, body)
-    ctx.dead_letter(stats, Record(source.topic, source.queue_id, source.queue_offset, body),
-                    op_id, exc)
+    ctx.dead_letter(
+        stats, Record(source.topic, source.queue_id, source.queue_offset, body), op_id, exc
+    )
 
 
 def _result_key(key: Any) -> str:

@@ -62,7 +62,9 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
                 try:
                     keyed.append((key_fn(v), v, ts))
                 except Exception as exc:
-                    raise UserFunctionError(stage.key_by.op_id if stage.key_by else "", exc) from exc
+                    raise UserFunctionError(
+                        stage.key_by.op_id if stage.key_by else "", exc
+                    ) from exc
             partials = _partials(agg, keyed, ctx.shuffle_queues) if combine else None
         except UserFunctionError as err:
             ctx.dead_letter(stats, record, err.op_id, err.cause)
@@ -94,7 +96,9 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
                 _send(ctx, stats, target, body, queue_id, last_offset)
             else:
                 for chunk in _chunks(per_record[target]):
-                    _send(ctx, stats, target, encode_records(queue_id, chunk), queue_id, chunk[-1][3])
+                    _send(
+                        ctx, stats, target, encode_records(queue_id, chunk), queue_id, chunk[-1][3]
+                    )
     outputs.flush()
     return stats
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
+import msgpack
 
 from stream_assets.state.errors import StateFormatError
 

@@ -8,7 +8,6 @@ import uuid
 import pytest
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.errors import RemotingError
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
