@@ -155,6 +155,8 @@ class Producer:
         if not isinstance(body, bytes | bytearray | memoryview):
             raise TypeError(f"message body must be bytes, got {type(body).__name__}")
         body = bytes(body)
+        if not body:
+            raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
         if len(body) > self.settings.max_message_size:
             raise MessageTooLargeError(topic, len(body), self.settings.max_message_size)
         queue_count = self.route(topic).write_queue_count

@@ -262,3 +262,15 @@ def test_create_topic_accepts_the_longest_valid_name(admin: RocketMQAdmin) -> No
     route = admin.create_topic(topic, queues=1)
     assert route.topic == topic
     assert admin.topic_exists(topic)
+
+
+def test_empty_body_is_rejected_before_sending(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
+    topic = f"empty-{uuid.uuid4().hex[:10]}"
+    admin.create_topic(topic, queues=1)
+    (queue,) = admin.queues(topic)
+    with Producer(client_settings) as producer:
+        with pytest.raises(ValueError, match="empty body"):
+            producer.send(topic, b"")
+    assert admin.max_offset(queue) == 0

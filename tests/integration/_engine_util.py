@@ -1,0 +1,183 @@
+"""Helpers for the engine end-to-end tests: produce fast, read sinks, poll with a deadline.
+
+No test logic and no reference answers live here: the tests compute those
+themselves from the input they generate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.producer import Producer
+from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.rocketmq.records import Record
+from stream_assets.settings import RocketMQSettings
+
+T = TypeVar("T")
+
+
+def unique(prefix: str) -> str:
+    """A job id / topic name no other test (or earlier run) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message to produce: body, optional key (routes by stable hash) or explicit queue."""
+
+    body: bytes
+    key: str | None = None
+    queue_id: int | None = None
+
+
+def produce(
+    settings: RocketMQSettings,
+    topic: str,
+    messages: Sequence[Message],
+    threads: int = 1,
+) -> None:
+    """Send ``messages`` to ``topic`` with ``threads`` producers (one Producer per thread).
+
+    Messages bound for the same queue keep their relative order only when
+    ``threads == 1`` or when they are pinned to a queue with ``queue_id`` and
+    every queue is sent by a single thread (see :func:`produce_per_queue`).
+    """
+    if threads <= 1:
+        _send_all(settings, topic, messages)
+        return
+    shares = [messages[i::threads] for i in range(threads)]
+    _run_threads(settings, topic, shares)
+
+
+def produce_per_queue(
+    settings: RocketMQSettings, topic: str, per_queue: dict[int, Sequence[bytes]]
+) -> None:
+    """Send each queue's bodies, in order, from a thread of its own (order kept per queue)."""
+    shares = [[Message(b, queue_id=q) for b in bodies] for q, bodies in sorted(per_queue.items())]
+    _run_threads(settings, topic, shares)
+
+
+def _send_all(settings: RocketMQSettings, topic: str, messages: Sequence[Message]) -> None:
+    with Producer(settings) as producer:
+        for m in messages:
+            producer.send(topic, m.body, key=m.key, queue_id=m.queue_id)
+
+
+def _run_threads(
+    settings: RocketMQSettings, topic: str, shares: Sequence[Sequence[Message]]
+) -> None:
+    errors: list[BaseException] = []
+
+    def work(share: Sequence[Message]) -> None:
+        try:
+            _send_all(settings, topic, share)
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(s,), daemon=True) for s in shares if s]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+
+
+class BackgroundProducer:
+    """Produce messages from threads while the test goes on; ``join()`` re-raises errors."""
+
+    def __init__(
+        self,
+        settings: RocketMQSettings,
+        topic: str,
+        messages: Sequence[Message],
+        threads: int = 4,
+    ) -> None:
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+        shares = [messages[i::threads] for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(settings, topic, s), daemon=True)
+            for s in shares
+            if s
+        ]
+
+    def _work(self, settings: RocketMQSettings, topic: str, share: Sequence[Message]) -> None:
+        try:
+            with Producer(settings) as producer:
+                for m in share:
+                    producer.send(topic, m.body, key=m.key, queue_id=m.queue_id)
+                    with self._lock:
+                        self.sent += 1
+        except BaseException as exc:
+            self._errors.append(exc)
+
+    def start(self) -> BackgroundProducer:
+        for t in self._threads:
+            t.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        """Whether some thread is still sending."""
+        return any(t.is_alive() for t in self._threads)
+
+    def join(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise AssertionError(f"background producer still running after {timeout_s}s")
+        if self._errors:
+            raise self._errors[0]
+
+
+def read_topic(admin: RocketMQAdmin, topic: str) -> list[Record]:
+    """Every record stored in ``topic``, queue by queue, in offset order within a queue."""
+    reader = QueueReader(admin, group=unique("it-engine-check"))
+    try:
+        out: list[Record] = []
+        for queue in admin.queues(topic):
+            out.extend(reader.read(queue, 0))
+        return out
+    finally:
+        reader.close()
+
+
+def latest_by_message_key(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """JSON bodies by message key (``record.keys[0]``), the last stored one winning.
+
+    At-least-once sinks may store a result twice; the message key is
+    deterministic, so de-duplicating by it gives each result once. Later
+    offsets of a queue are later updates (a key always lands in one queue).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        assert r.keys, f"sink message without a key at {r.topic}[{r.queue_id}]@{r.queue_offset}"
+        out[r.keys[0]] = json.loads(r.body)
+    return out
+
+
+def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
+    """For an unwindowed sink: key -> its last emitted ``field``."""
+    return {v["key"]: v[field] for v in latest_by_message_key(records).values()}
+
+
+def wait_until(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:
+    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
