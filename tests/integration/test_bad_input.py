@@ -270,7 +270,6 @@ def test_empty_body_is_rejected_before_sending(
     topic = f"empty-{uuid.uuid4().hex[:10]}"
     admin.create_topic(topic, queues=1)
     (queue,) = admin.queues(topic)
-    with Producer(client_settings) as producer:
-        with pytest.raises(ValueError, match="empty body"):
-            producer.send(topic, b"")
+    with Producer(client_settings) as producer, pytest.raises(ValueError, match="empty body"):
+        producer.send(topic, b"")
     assert admin.max_offset(queue) == 0
