@@ -103,7 +103,9 @@ def decode_messages(buf: bytes) -> list[Record]:
                 properties=props,
                 born_timestamp=born_ts,
                 store_timestamp=store_ts,
-                msg_id=props.get(PROPERTY_UNIQ_KEY, ""),
+                # The C++ client now and then stores its unique id with a trailing
+                # blank (seen once in 100k sends); its send result has none.
+                msg_id=props.get(PROPERTY_UNIQ_KEY, "").strip(),
             )
         )
         pos += total

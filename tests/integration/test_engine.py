@@ -1,0 +1,448 @@
+"""End-to-end: topologies on Spark against the real broker equal independent references.
+
+Every test generates its input with a fixed seed, computes the expected answer
+from that input with plain Python (``collections.Counter``, hand-written window
+references), runs the topology through :class:`Instance` and compares what the
+sink topic holds. Synchronisation is by events only: ``await_caught_up`` (broker
+lag is zero) or polling the sink topic for a condition, each with a deadline.
+
+All instances share one SparkSession (fixture ``engine``, tests/integration/conftest.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.examples import windowed_sum, wordcount
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.serde import json_deserializer
+from stream_assets.settings import RocketMQSettings
+from stream_assets.windows import SessionWindow, SlidingWindow, Time
+from tests.integration._engine_util import (
+    BackgroundProducer,
+    Message,
+    final_counts,
+    latest_by_message_key,
+    produce,
+    read_topic,
+    unique,
+    wait_until,
+)
+from tests.integration.conftest import EngineHarness
+
+pytestmark = pytest.mark.integration
+
+CATCH_UP_S = 240.0
+
+
+def _report(text: str) -> None:
+    """Figures worth seeing in the test output (pytest -s / the durations report)."""
+    print(f"\n[engine] {text}", flush=True)
+
+
+def _vocabulary(size: int) -> list[str]:
+    return [f"w{i:04d}" for i in range(size)]
+
+
+def _lines(seed: int, count: int, vocab: list[str], words_per_line: int = 8) -> list[str]:
+    rnd = random.Random(seed)
+    return [" ".join(rnd.choices(vocab, k=words_per_line)) for _ in range(count)]
+
+
+def _line_messages(lines: list[str], per_message: int, prefix: str) -> list[Message]:
+    """Lines grouped into messages (newline-joined; the word split is unchanged)."""
+    return [
+        Message("\n".join(lines[i : i + per_message]).encode(), key=f"{prefix}-{i}")
+        for i in range(0, len(lines), per_message)
+    ]
+
+
+def _text_messages(lines: list[str], prefix: str) -> list[Message]:
+    return [Message(line.encode(), key=f"{prefix}{i}") for i, line in enumerate(lines)]
+
+
+def _word_reference(lines: Iterable[str]) -> collections.Counter[str]:
+    return collections.Counter(w for line in lines for w in line.split())
+
+
+# -- 1. WordCount at volume ------------------------------------------------------
+
+WC_LINES = 200_000
+WC_LINES_PER_MESSAGE = 20  # the producer manages ~1.5k sends/s here; 10k messages, not 200k
+
+
+def test_wordcount_200k_lines_equals_counter(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-wc")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    lines = _lines(seed=20251121, count=WC_LINES, vocab=_vocabulary(2000))
+    messages = _line_messages(lines, WC_LINES_PER_MESSAGE, "l")
+    reference = _word_reference(lines)
+
+    started = time.monotonic()
+    produce(client_settings, source, messages, threads=8)
+    produce_s = time.monotonic() - started
+
+    inst = engine.instance(
+        wordcount.build(job, source, sink), tmp_path / "state", max_records_per_batch=2_000
+    )
+    started = time.monotonic()
+    engine.start(inst)
+    inst.await_caught_up(CATCH_UP_S)
+    process_s = time.monotonic() - started
+
+    words = sum(reference.values())
+    _report(
+        f"wordcount: produced {len(messages)} messages in {produce_s:.1f}s; processed "
+        f"{WC_LINES} lines / {words} words in {process_s:.1f}s (start to caught up): "
+        f"{WC_LINES / process_s:,.0f} lines/s, {words / process_s:,.0f} words/s; "
+        f"stage batches {inst.metrics[0].batches}/{inst.metrics[1].batches}"
+    )
+    assert final_counts(read_topic(admin, sink)) == dict(reference)
+    s0, s1 = inst.metrics[0].totals, inst.metrics[1].totals
+    assert s0["records_in"] == len(messages)
+    assert s0["dead_letters"] == 0 and s1["dead_letters"] == 0
+    assert s1["records_in"] == words
+    assert s1["skipped_duplicates"] == 0
+
+
+# -- windows: shared pieces --------------------------------------------------------
+
+BASE_TS = 1_700_000_000_000  # a multiple of 10 s: windows start at BASE_TS + k * 10 s
+WINDOW_MS = 10_000
+LATENESS_MS = 5_000
+IDLE_S = 2.0
+KEYS = [f"k{i}" for i in range(6)]
+
+
+def _event(key: str, value: int, ts: int) -> bytes:
+    return json.dumps({"key": key, "value": value, "ts": ts}).encode()
+
+
+def _tumbling_reference(
+    events: Iterable[dict[str, Any]], size_ms: int
+) -> dict[tuple[str, int], int]:
+    """Sum of value per (key, start of the size_ms window holding ts), by hand."""
+    out: dict[tuple[str, int], int] = collections.defaultdict(int)
+    for e in events:
+        start = e["ts"] - (e["ts"] - BASE_TS) % size_ms  # BASE_TS is window-aligned
+        out[(e["key"], start)] += e["value"]
+    return dict(out)
+
+
+def _windows_in_sink(admin: RocketMQAdmin, sink: str) -> dict[tuple[str, int, int], int]:
+    """(key, window_start, window_end) -> sum; fails if one window was emitted with two sums."""
+    by_window: dict[tuple[str, int, int], int] = {}
+    for r in read_topic(admin, sink):
+        v = json.loads(r.body)
+        w = (v["key"], v["window_start"], v["window_end"])
+        assert by_window.get(w, v["sum"]) == v["sum"], f"window {w} emitted with two sums"
+        by_window[w] = v["sum"]
+    return by_window
+
+
+def _sink_has(admin: RocketMQAdmin, sink: str, count: int) -> bool:
+    return len(latest_by_message_key(read_topic(admin, sink))) >= count
+
+
+# -- 2. windowed sum: order, lateness, late topic ---------------------------------
+
+
+def _ordered_events(
+    rnd: random.Random, count: int, step_ms: int, jitter_ms: int
+) -> list[dict[str, Any]]:
+    """Events in time order, some shifted back by up to ``jitter_ms`` (out of order).
+
+    Every event's ts is at least (max ts before it) - jitter_ms, so with a
+    jitter below the allowed lateness none of them is late.
+    """
+    out = []
+    for i in range(count):
+        ts = BASE_TS + i * step_ms
+        if rnd.random() < 0.3:
+            ts -= rnd.randint(1, jitter_ms)
+        key = KEYS[i % len(KEYS)]
+        out.append({"key": key, "value": rnd.randint(1, 100), "ts": max(BASE_TS, ts)})
+    return out
+
+
+def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-ws")
+    source, sink, late_topic = f"{job}-src", f"{job}-out", f"{job}-late"
+    admin.create_topic(source, 1)
+    rnd = random.Random(7)
+    # 60 s of event time, 250 ms apart, 30% pulled back by up to 3 s (< 5 s lateness).
+    on_time = _ordered_events(rnd, count=240, step_ms=250, jitter_ms=3_000)
+    reference = _tumbling_reference(on_time, WINDOW_MS)
+    topology = windowed_sum.build(
+        job, source, sink, window_s=10, lateness_s=LATENESS_MS / 1000, idle_timeout_s=IDLE_S
+    )
+    # All on-time events are stored before the instance starts: one origin, one batch.
+    produce(client_settings, source, [Message(_event(**e)) for e in on_time])
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+
+    # The watermark fires the early windows; the idle timeout flushes the rest.
+    wait_until(lambda: _sink_has(admin, sink, len(reference)), 90, "every on-time window")
+    fired = _windows_in_sink(admin, sink)
+    assert fired == {(k, s, s + WINDOW_MS): total for (k, s), total in reference.items()}
+    assert inst.metrics[1].totals["late"] == 0
+
+    # Late: windows that have fired, event times far beyond the 5 s lateness.
+    late_events = [
+        {"key": k, "value": 1000 + i, "ts": BASE_TS + rnd.randint(0, 2 * WINDOW_MS - 1)}
+        for i, k in enumerate(KEYS * 2)
+    ]
+    produce(client_settings, source, [Message(_event(**e)) for e in late_events])
+    wait_until(
+        lambda: inst.metrics[1].totals["late"] >= len(late_events), 60, "the late events counted"
+    )
+    inst.await_caught_up(60)
+    assert inst.metrics[1].totals["late"] == len(late_events)
+    # Fired windows are final: nothing new, nothing changed.
+    assert _windows_in_sink(admin, sink) == fired
+    diverted = [json.loads(r.body) for r in read_topic(admin, late_topic)]
+    got = collections.Counter((d["key"], d["value"], d["window_end"]) for d in diverted)
+    expected = collections.Counter(
+        (e["key"], e["value"], e["ts"] - (e["ts"] - BASE_TS) % WINDOW_MS + WINDOW_MS)
+        for e in late_events
+    )
+    assert got == expected
+
+
+# -- 3. dead letters ---------------------------------------------------------------
+
+
+def _per_unit(record: dict[str, Any]) -> dict[str, Any]:
+    """The user function under test: raises ZeroDivisionError on div == 0, KeyError without key."""
+    return {"key": record["key"], "value": record["value"] // record["div"]}
+
+
+def test_dead_letters_hold_exactly_the_bad_records(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-dl")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 2)
+    rnd = random.Random(11)
+    good: list[dict[str, Any]] = []
+    bad_json: list[bytes] = []
+    bad_value: list[bytes] = []
+    bodies: list[bytes] = []
+    for i in range(600):
+        roll = rnd.random()
+        if roll < 0.05:
+            body = rnd.choice(
+                [b'{"key": "k1", "value": ', b"not json", b"\xff\xfe\x00{", b'{"key": "k2" "v": 3}']
+            )
+            body += f" #{i}".encode()
+            bad_json.append(body)
+        elif roll < 0.10:
+            body = json.dumps({"key": rnd.choice(KEYS), "value": i, "div": 0, "n": i}).encode()
+            bad_value.append(body)
+        elif roll < 0.12:
+            body = json.dumps({"value": i, "div": 1, "n": i}).encode()  # no key: KeyError
+            bad_value.append(body)
+        else:
+            record = {"key": rnd.choice(KEYS), "value": rnd.randint(0, 1000),
+                      "div": rnd.randint(1, 7), "n": i}
+            good.append(record)
+            body = json.dumps(record).encode()
+        bodies.append(body)
+    reference: dict[str, int] = collections.defaultdict(int)
+    for r in good:
+        reference[r["key"]] += r["value"] // r["div"]
+
+    builder = StreamBuilder(job)
+    (
+        builder.source(source, json_deserializer)
+        .map(_per_unit)
+        .key_by("key")
+        .sum("value", "sum")
+        .to_rstream()
+        .sink(sink)
+    )
+    topology = builder.build()
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    produce(client_settings, source, [Message(b, key=f"m{i}") for i, b in enumerate(bodies)])
+    inst.await_caught_up(CATCH_UP_S)
+
+    assert final_counts(read_topic(admin, sink), field="sum") == dict(reference)
+    letters = read_topic(admin, topology.dead_letter_topic)
+    assert collections.Counter(r.body for r in letters) == collections.Counter(bad_json + bad_value)
+    source_op, map_op = topology.nodes[0].op_id, topology.nodes[1].op_id
+    for r in letters:
+        if r.body in bad_json:
+            assert r.properties["operator"] == source_op, r
+            assert r.properties["reason"].split(":")[0] in ("JSONDecodeError", "UnicodeDecodeError")
+        else:
+            assert r.properties["operator"] == map_op, r
+            expected = "KeyError" if b'"key"' not in r.body else "ZeroDivisionError"
+            assert r.properties["reason"].startswith(expected), r.properties
+        assert r.properties["source_topic"] == source
+    assert inst.metrics[0].totals["dead_letters"] == len(bad_json) + len(bad_value)
+
+
+# -- 4. restart exactness -------------------------------------------------------------
+
+
+def test_restart_and_state_loss_keep_counts_exact(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-rs")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    vocab = _vocabulary(400)
+    topology = wordcount.build(job, source, sink)
+    state_dir = tmp_path / "state"
+
+    # Part 1: stop gracefully mid-stream, a new Instance of the same group finishes.
+    first = _lines(seed=3, count=6_000, vocab=vocab)
+    feeding = BackgroundProducer(
+        client_settings, source, _text_messages(first, "a"), threads=2
+    ).start()
+    one = engine.start(engine.instance(topology, state_dir))
+    wait_until(
+        lambda: one.metrics[1].totals["records_in"] > 0, 120, "a first stateful batch"
+    )
+    still_producing = feeding.running
+    engine.stop(one)
+    stopped_at = one.metrics[0].totals["records_in"]
+    two = engine.start(engine.instance(topology, state_dir))
+    feeding.join()
+    two.await_caught_up(CATCH_UP_S)
+    _report(
+        f"restart: first instance stopped after {stopped_at:.0f} of {len(first)} lines "
+        f"(producer still sending at the stop: {still_producing})"
+    )
+    assert final_counts(read_topic(admin, sink)) == dict(_word_reference(first))
+    assert two.metrics[1].totals["skipped_duplicates"] == 0
+
+    # Part 2: stop, lose the local RocksDB state, restart: it comes back from the
+    # state topic. New input arrives in two waves; the first touches only the
+    # words of shuffle queue 0, so the other queues first see input in a later batch.
+    engine.stop(two)
+    shutil.rmtree(state_dir / job)
+    three = engine.start(engine.instance(topology, state_dir))
+    queue0 = [w for w in vocab if queue_for_key(encode_key(w), 4) == 0]
+    wave1 = _lines(seed=4, count=300, vocab=queue0)
+    wave2 = _lines(seed=5, count=1_500, vocab=vocab)
+    produce(client_settings, source, _text_messages(wave1, "b"), threads=2)
+    three.await_caught_up(CATCH_UP_S)
+    produce(client_settings, source, _text_messages(wave2, "c"), threads=2)
+    three.await_caught_up(CATCH_UP_S)
+    assert three.metrics[1].totals["restored_keys"] > 0
+    assert final_counts(read_topic(admin, sink)) == dict(_word_reference(first + wave1 + wave2))
+
+
+# -- 5. session and sliding windows ---------------------------------------------------
+
+
+def _session_events(rnd: random.Random) -> list[dict[str, Any]]:
+    """Per key, events whose gaps are clearly inside (<= 4 s) or outside (>= 6 s) the 5 s gap."""
+    events = []
+    for key in KEYS[:4]:
+        ts = BASE_TS + rnd.randint(0, 3_000)
+        for _ in range(25):
+            events.append({"key": key, "value": rnd.randint(1, 50), "ts": ts})
+            ts += rnd.randint(200, 4_000) if rnd.random() < 0.75 else rnd.randint(6_000, 15_000)
+    return sorted(events, key=lambda e: e["ts"])
+
+
+def _session_reference(
+    events: list[dict[str, Any]], gap_ms: int
+) -> dict[tuple[str, int, int], int]:
+    """Sessions per key: a record within gap_ms of the previous one (inclusive) joins it."""
+    out: dict[tuple[str, int, int], int] = {}
+    for key in {e["key"] for e in events}:
+        times = sorted((e["ts"], e["value"]) for e in events if e["key"] == key)
+        start, last, total = times[0][0], times[0][0], 0
+        for ts, value in times:
+            if ts > last + gap_ms:
+                out[(key, start, last + gap_ms)] = total
+                start, total = ts, 0
+            last, total = ts, total + value
+        out[(key, start, last + gap_ms)] = total
+    return out
+
+
+def _sliding_reference(
+    events: list[dict[str, Any]], size_ms: int, slide_ms: int
+) -> dict[tuple[str, int, int], int]:
+    """Every window [s, s + size) with s a multiple of slide that holds ts."""
+    out: dict[tuple[str, int, int], int] = collections.defaultdict(int)
+    for e in events:
+        s = e["ts"] - e["ts"] % slide_ms
+        while s + size_ms > e["ts"]:
+            out[(e["key"], s, s + size_ms)] += e["value"]
+            s -= slide_ms
+    return dict(out)
+
+
+# The input arrives in two halves; the idle timeout must outlast the pause between
+# them, or the queue would (correctly) flush every open window in between.
+SPLIT_IDLE_S = 5.0
+
+
+def _windowed_topology(job: str, source: str, sink: str, spec: Any) -> Any:
+    builder = StreamBuilder(job)
+    (
+        builder.source(source, json_deserializer)
+        .select_timestamp("ts")
+        .key_by("key")
+        .window(spec)
+        .sum("value", "sum")
+        .idle_timeout(SPLIT_IDLE_S)
+        .to_rstream()
+        .sink(sink)
+    )
+    return builder.build()
+
+
+@pytest.mark.parametrize("kind", ["session", "sliding"])
+def test_session_and_sliding_windows_equal_reference(
+    kind: str,
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+) -> None:
+    job = unique(f"it-{kind}")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 1)
+    rnd = random.Random(23)
+    if kind == "session":
+        events = _session_events(rnd)
+        spec: Any = SessionWindow.with_gap(Time.seconds(5))
+        reference = _session_reference(events, 5_000)
+    else:
+        events = _ordered_events(rnd, count=200, step_ms=300, jitter_ms=1)
+        events.sort(key=lambda e: e["ts"])
+        spec = SlidingWindow.of(Time.seconds(10), Time.seconds(5))
+        reference = _sliding_reference(events, 10_000, 5_000)
+    topology = _windowed_topology(job, source, sink, spec)
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    # Two halves, so the second half meets sessions/windows opened in earlier batches.
+    half = len(events) // 2
+    produce(client_settings, source, [Message(_event(**e)) for e in events[:half]])
+    wait_until(lambda: inst.metrics[1].totals["records_in"] > 0, 60, "the first half applied")
+    produce(client_settings, source, [Message(_event(**e)) for e in events[half:]])
+    wait_until(lambda: _sink_has(admin, sink, len(reference)), 90, f"every {kind} window")
+    inst.await_caught_up(60)
+    assert _windows_in_sink(admin, sink) == reference
+    assert inst.metrics[1].totals["late"] == 0
