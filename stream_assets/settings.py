@@ -157,6 +157,9 @@ class EngineSettings(BaseSettings):
         default=1000, gt=0, description="Idle tick of stateful stages (fires idle windows)."
     )
     snapshot_every: int = Field(default=100, gt=0, description="Commits between snapshots.")
+    pre_combine: bool = Field(
+        default=True, description="Pre-aggregate decomposable aggregates before the shuffle."
+    )
 
     def resolved_state_dir(self) -> Path:
         """The state root, defaulting under the project-local dir."""
