@@ -156,7 +156,25 @@ class RStream:
         """Not available before key_by (raises a build-time error)."""
         return self._needs_key("count")
 
-    sum = min = max = avg = aggregate = count
+    def sum(self, *_: Any) -> Any:
+        """Not available before key_by (raises a build-time error)."""
+        return self._needs_key("sum")
+
+    def min(self, *_: Any) -> Any:
+        """Not available before key_by (raises a build-time error)."""
+        return self._needs_key("min")
+
+    def max(self, *_: Any) -> Any:
+        """Not available before key_by (raises a build-time error)."""
+        return self._needs_key("max")
+
+    def avg(self, *_: Any) -> Any:
+        """Not available before key_by (raises a build-time error)."""
+        return self._needs_key("avg")
+
+    def aggregate(self, *_: Any) -> Any:
+        """Not available before key_by (raises a build-time error)."""
+        return self._needs_key("aggregate")
 
     def to_rstream(self) -> RStream:
         """Already a stream; kept for symmetry with RocketMQ Streams."""

@@ -71,15 +71,19 @@ class DesiredState:
     """What a topology's group should look like: ``target_instances`` and their queues.
 
     ``allocation`` is None before the first scale (nothing allocated yet).
+    ``paused`` is set by the scale job while it stops and restores: the
+    supervisor then leaves the topology alone (it would otherwise relaunch the
+    instances the scale job just stopped on purpose).
 
     Example::
 
         >>> DesiredState(2).to_json()
-        '{"allocation":null,"format":1,"target_instances":2}'
+        '{"allocation":null,"format":1,"paused":false,"target_instances":2}'
     """
 
     target_instances: int
     allocation: Allocation | None = None
+    paused: bool = False
 
     def __post_init__(self) -> None:
         if self.target_instances < 1:
@@ -95,6 +99,7 @@ class DesiredState:
                 "format": _FORMAT,
                 "target_instances": self.target_instances,
                 "allocation": None if self.allocation is None else self.allocation.to_dict(),
+                "paused": self.paused,
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -110,6 +115,7 @@ class DesiredState:
         return cls(
             target_instances=int(data["target_instances"]),
             allocation=None if raw is None else Allocation.from_dict(raw),
+            paused=bool(data.get("paused", False)),
         )
 
 
@@ -127,7 +133,7 @@ class DesiredStateStore:
         True
         >>> store.set("wordcount", DesiredState(3))
         >>> store.get("wordcount")
-        DesiredState(target_instances=3, allocation=None)
+        DesiredState(target_instances=3, allocation=None, paused=False)
     """
 
     def __init__(self, instance: dg.DagsterInstance) -> None:

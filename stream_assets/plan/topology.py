@@ -145,8 +145,11 @@ def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
                     key_by=node,
                     output_topic=out,
                     state_topic=state_topic(job_id, aggregate) if aggregate else None,
+                    # Not when late records go to a topic: a pre-combined
+                    # partial no longer has the records' values to send there.
                     combine=isinstance(next_agg, n.Aggregate)
-                    and is_decomposable(next_agg.accumulator),
+                    and is_decomposable(next_agg.accumulator)
+                    and next_agg.late_topic is None,
                 )
             )
             if node is None:

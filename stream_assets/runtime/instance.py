@@ -195,6 +195,7 @@ class Instance:
 
     def _batch_fn(self, template: TaskContext) -> Callable[[Any, int], None]:
         first_batch: list[int] = []
+        seen: set[int] = set()  # queues some batch of this query has processed
 
         def run_batch(df: Any, batch_id: int) -> None:
             if self._stopping.is_set():
@@ -203,10 +204,16 @@ class Instance:
                 first_batch.append(batch_id)
             first = batch_id == first_batch[0]
             # Never pre-combine the first batch after a start (stateless_stage docs).
-            ctx = replace(template, combine=not first, first_batch=first)
+            ctx = replace(
+                template,
+                combine=self.engine.pre_combine and not first,
+                first_batch=first,
+                seen_queues=frozenset(seen),
+            )
             rows = [r.asDict() for r in df.mapInArrow(_task(ctx), STATS_DDL).collect()]
             self._commit(ctx.stage, rows)
             self._record(ctx.stage.index, rows)
+            seen.update(int(row["queue_id"]) for row in rows)
 
         return run_batch
 

@@ -106,7 +106,8 @@ class SourceOptions:
             topic=options["topic"],
             group=options["group"],
             namesrv_addr=options.get("namesrv_addr") or RocketMQSettings().namesrv_addr,
-            queues=tuple(int(q) for q in queues.split(",") if q) if queues else None,
+            # "" is an assignment of no queues (an idle instance), not "all queues".
+            queues=tuple(int(q) for q in queues.split(",") if q) if queues is not None else None,
             rows=rows,
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
             tick_ms=int(options.get("tick_ms", "0")),

@@ -97,7 +97,7 @@ def run_stateful(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskS
     try:
         # Within a run this process's commits keep the store current; only the
         # first batch after a start can find it behind (moved queue, crash).
-        if ctx.first_batch and not local_is_current(
+        if queue_id not in ctx.seen_queues and not local_is_current(
             store, ctx.stage.state_topic, queue_id, admin, reader
         ):
             store.wipe()

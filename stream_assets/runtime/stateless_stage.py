@@ -39,7 +39,13 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
     chain = OperatorChain(stage.ops, outputs.emit)
     key_fn: Callable[[Any], Any] | None = stage.key_by.fn if stage.key_by else None
     agg = ctx.next_aggregate
-    combine = ctx.combine and stage.combine and agg is not None and not _merging(agg)
+    combine = (
+        ctx.combine
+        and queue_id in ctx.seen_queues
+        and stage.combine
+        and agg is not None
+        and not _merging(agg)
+    )
     per_record: dict[int, list[list[Any]]] = defaultdict(list)
     combined: dict[int, dict[tuple[bytes, Any, Any], list[Any]]] = defaultdict(dict)
     last_offset = start - 1

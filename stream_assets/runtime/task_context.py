@@ -42,7 +42,11 @@ class TaskContext:
     state_dir: str
     snapshot_every: int
     combine: bool  # pre-combine allowed in this batch (never the first after a start)
-    first_batch: bool  # first batch of this query run: check local state against the topic
+    first_batch: bool  # first batch of this query run
+    #: Queues a batch of this query run has already processed. A queue's first
+    #: batch (not the query's: that one can be empty, or cover other queues)
+    #: checks local state against the state topic and is never pre-combined.
+    seen_queues: frozenset[int] = frozenset()
     generation: int = 0
 
     def client_settings(self) -> RocketMQSettings:

@@ -91,7 +91,11 @@ def _run_threads(
 
 
 class BackgroundProducer:
-    """Produce messages from threads while the test goes on; ``join()`` re-raises errors."""
+    """Produce messages from threads while the test goes on; ``join()`` re-raises errors.
+
+    With ``pause_after``, each thread stops after that many of its messages
+    until :meth:`resume` is called, so a test knows input is still to come.
+    """
 
     def __init__(
         self,
@@ -99,10 +103,15 @@ class BackgroundProducer:
         topic: str,
         messages: Sequence[Message],
         threads: int = 4,
+        pause_after: int | None = None,
     ) -> None:
         self.sent = 0
         self._lock = threading.Lock()
         self._errors: list[BaseException] = []
+        self._pause_after = pause_after
+        self._gate = threading.Event()
+        if pause_after is None:
+            self._gate.set()
         shares = [messages[i::threads] for i in range(threads)]
         self._threads = [
             threading.Thread(target=self._work, args=(settings, topic, s), daemon=True)
@@ -113,7 +122,9 @@ class BackgroundProducer:
     def _work(self, settings: RocketMQSettings, topic: str, share: Sequence[Message]) -> None:
         try:
             with Producer(settings) as producer:
-                for m in share:
+                for i, m in enumerate(share):
+                    if i == self._pause_after:
+                        self._gate.wait()
                     producer.send(topic, m.body, key=m.key, queue_id=m.queue_id)
                     with self._lock:
                         self.sent += 1
@@ -125,12 +136,17 @@ class BackgroundProducer:
             t.start()
         return self
 
+    def resume(self) -> None:
+        """Let paused threads send the rest."""
+        self._gate.set()
+
     @property
     def running(self) -> bool:
         """Whether some thread is still sending."""
         return any(t.is_alive() for t in self._threads)
 
     def join(self, timeout_s: float = 300) -> None:
+        self.resume()
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -7,6 +7,11 @@ sink topic holds. Synchronisation is by events only: ``await_caught_up`` (broker
 lag is zero) or polling the sink topic for a condition, each with a deadline.
 
 All instances share one SparkSession (fixture ``engine``, tests/integration/conftest.py).
+
+The windowed tests read a one-queue source: with several source queues the
+first batches race (see the strict xfail
+``test_slow_source_queue_is_not_made_late_by_a_fast_one`` for the engine bug),
+and a one-queue source makes "which events are late" a function of the input.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from tests.integration._engine_util import (
     final_counts,
     latest_by_message_key,
     produce,
+    produce_per_queue,
     read_topic,
     unique,
     wait_until,
@@ -47,9 +53,15 @@ pytestmark = pytest.mark.integration
 CATCH_UP_S = 240.0
 
 
-def _report(text: str) -> None:
-    """Figures worth seeing in the test output (pytest -s / the durations report)."""
-    print(f"\n[engine] {text}", flush=True)
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Print a figure to the terminal even when output is captured."""
+
+    def emit(text: str) -> None:
+        with capsys.disabled():
+            print(f"\n[engine] {text}", flush=True)
+
+    return emit
 
 
 def _vocabulary(size: int) -> list[str]:
@@ -84,7 +96,11 @@ WC_LINES_PER_MESSAGE = 20  # the producer manages ~1.5k sends/s here; 10k messag
 
 
 def test_wordcount_200k_lines_equals_counter(
-    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
 ) -> None:
     job = unique("it-wc")
     source, sink = f"{job}-src", f"{job}-out"
@@ -98,19 +114,22 @@ def test_wordcount_200k_lines_equals_counter(
     produce_s = time.monotonic() - started
 
     inst = engine.instance(
-        wordcount.build(job, source, sink), tmp_path / "state", max_records_per_batch=2_000
+        wordcount.build(job, source, sink), tmp_path / "state", max_records_per_batch=2_500
     )
     started = time.monotonic()
-    engine.start(inst)
+    engine.start(inst)  # the first start of the session also creates the SparkSession
+    start_s = time.monotonic() - started
+    started = time.monotonic()
     inst.await_caught_up(CATCH_UP_S)
     process_s = time.monotonic() - started
 
     words = sum(reference.values())
-    _report(
-        f"wordcount: produced {len(messages)} messages in {produce_s:.1f}s; processed "
-        f"{WC_LINES} lines / {words} words in {process_s:.1f}s (start to caught up): "
-        f"{WC_LINES / process_s:,.0f} lines/s, {words / process_s:,.0f} words/s; "
-        f"stage batches {inst.metrics[0].batches}/{inst.metrics[1].batches}"
+    report(
+        f"wordcount: produced {len(messages)} messages ({WC_LINES} lines) in {produce_s:.1f}s; "
+        f"Instance.start() {start_s:.1f}s; then {WC_LINES} lines / {words} words processed in "
+        f"{process_s:.1f}s: {WC_LINES / process_s:,.0f} lines/s, {words / process_s:,.0f} "
+        f"words/s ({WC_LINES / (start_s + process_s):,.0f} lines/s counting the start); "
+        f"batches stage0/stage1 {inst.metrics[0].batches}/{inst.metrics[1].batches}"
     )
     assert final_counts(read_topic(admin, sink)) == dict(reference)
     s0, s1 = inst.metrics[0].totals, inst.metrics[1].totals
@@ -129,8 +148,8 @@ IDLE_S = 2.0
 KEYS = [f"k{i}" for i in range(6)]
 
 
-def _event(key: str, value: int, ts: int) -> bytes:
-    return json.dumps({"key": key, "value": value, "ts": ts}).encode()
+def _event(e: dict[str, Any]) -> bytes:
+    return json.dumps({"key": e["key"], "value": e["value"], "ts": e["ts"]}).encode()
 
 
 def _tumbling_reference(
@@ -194,7 +213,7 @@ def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
         job, source, sink, window_s=10, lateness_s=LATENESS_MS / 1000, idle_timeout_s=IDLE_S
     )
     # All on-time events are stored before the instance starts: one origin, one batch.
-    produce(client_settings, source, [Message(_event(**e)) for e in on_time])
+    produce(client_settings, source, [Message(_event(e)) for e in on_time])
     inst = engine.start(engine.instance(topology, tmp_path / "state"))
 
     # The watermark fires the early windows; the idle timeout flushes the rest.
@@ -204,11 +223,11 @@ def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
     assert inst.metrics[1].totals["late"] == 0
 
     # Late: windows that have fired, event times far beyond the 5 s lateness.
-    late_events = [
+    late_events: list[dict[str, Any]] = [
         {"key": k, "value": 1000 + i, "ts": BASE_TS + rnd.randint(0, 2 * WINDOW_MS - 1)}
         for i, k in enumerate(KEYS * 2)
     ]
-    produce(client_settings, source, [Message(_event(**e)) for e in late_events])
+    produce(client_settings, source, [Message(_event(e)) for e in late_events])
     wait_until(
         lambda: inst.metrics[1].totals["late"] >= len(late_events), 60, "the late events counted"
     )
@@ -217,12 +236,67 @@ def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
     # Fired windows are final: nothing new, nothing changed.
     assert _windows_in_sink(admin, sink) == fired
     diverted = [json.loads(r.body) for r in read_topic(admin, late_topic)]
-    got = collections.Counter((d["key"], d["value"], d["window_end"]) for d in diverted)
+    # Each late record once, whole, with the end of the window it was late for.
+    got = collections.Counter(
+        (d["key"], json.dumps(d["value"], sort_keys=True), d["window_end"]) for d in diverted
+    )
     expected = collections.Counter(
-        (e["key"], e["value"], e["ts"] - (e["ts"] - BASE_TS) % WINDOW_MS + WINDOW_MS)
+        (
+            e["key"],
+            json.dumps(e, sort_keys=True),
+            e["ts"] - (e["ts"] - BASE_TS) % WINDOW_MS + WINDOW_MS,
+        )
         for e in late_events
     )
     assert got == expected
+
+
+# -- 2b. watermark across the shuffle: a slow source queue ---------------------------
+
+SLOW_IDLE_S = 15.0  # long enough that the slow queue is not idle when it finally sends
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "stateful_stage._process / WatermarkTracker: the minimum is taken over the origins "
+        "seen so far, so a source queue whose first records reach a shuffle queue after "
+        "another queue's has no say: the fast queue alone moves the watermark and the slow "
+        "queue's on-time records are dropped as late (DESIGN section 3)"
+    ),
+)
+def test_slow_source_queue_is_not_made_late_by_a_fast_one(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-wm")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    rnd = random.Random(13)
+    # Queue 0 is ahead: 60 s of event time. Queue 1 starts late, at the beginning of
+    # event time, in order: on time by its own progress, long before any idle timeout.
+    fast: list[dict[str, Any]] = [
+        {"key": KEYS[i % 3], "value": rnd.randint(1, 9), "ts": BASE_TS + i * 500}
+        for i in range(120)
+    ]
+    slow: list[dict[str, Any]] = [
+        {"key": KEYS[i % 3], "value": rnd.randint(1, 9), "ts": BASE_TS + i * 500} for i in range(40)
+    ]
+    reference = _tumbling_reference(fast + slow, WINDOW_MS)
+    topology = windowed_sum.build(
+        job, source, sink, window_s=10, lateness_s=LATENESS_MS / 1000, idle_timeout_s=SLOW_IDLE_S
+    )
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    produce_per_queue(client_settings, source, {0: [_event(e) for e in fast]})
+    wait_until(
+        lambda: inst.metrics[1].totals["records_in"] >= len(fast), 90, "queue 0's events applied"
+    )
+    produce_per_queue(client_settings, source, {1: [_event(e) for e in slow]})
+    inst.await_caught_up(90)
+    assert inst.metrics[1].totals["late"] == 0
+    wait_until(lambda: _sink_has(admin, sink, len(reference)), 90, "every window")
+    assert _windows_in_sink(admin, sink) == {
+        (k, s, s + WINDOW_MS): total for (k, s), total in reference.items()
+    }
 
 
 # -- 3. dead letters ---------------------------------------------------------------
@@ -259,8 +333,12 @@ def test_dead_letters_hold_exactly_the_bad_records(
             body = json.dumps({"value": i, "div": 1, "n": i}).encode()  # no key: KeyError
             bad_value.append(body)
         else:
-            record = {"key": rnd.choice(KEYS), "value": rnd.randint(0, 1000),
-                      "div": rnd.randint(1, 7), "n": i}
+            record = {
+                "key": rnd.choice(KEYS),
+                "value": rnd.randint(0, 1000),
+                "div": rnd.randint(1, 7),
+                "n": i,
+            }
             good.append(record)
             body = json.dumps(record).encode()
         bodies.append(body)
@@ -286,23 +364,80 @@ def test_dead_letters_hold_exactly_the_bad_records(
     letters = read_topic(admin, topology.dead_letter_topic)
     assert collections.Counter(r.body for r in letters) == collections.Counter(bad_json + bad_value)
     source_op, map_op = topology.nodes[0].op_id, topology.nodes[1].op_id
-    for r in letters:
-        if r.body in bad_json:
-            assert r.properties["operator"] == source_op, r
-            assert r.properties["reason"].split(":")[0] in ("JSONDecodeError", "UnicodeDecodeError")
+    for letter in letters:
+        props = letter.properties
+        if letter.body in bad_json:
+            assert props["operator"] == source_op, letter
+            assert props["reason"].split(":")[0] in ("JSONDecodeError", "UnicodeDecodeError")
         else:
-            assert r.properties["operator"] == map_op, r
-            expected = "KeyError" if b'"key"' not in r.body else "ZeroDivisionError"
-            assert r.properties["reason"].startswith(expected), r.properties
-        assert r.properties["source_topic"] == source
+            assert props["operator"] == map_op, letter
+            expected = "KeyError" if b'"key"' not in letter.body else "ZeroDivisionError"
+            assert props["reason"].startswith(expected), props
+        assert props["source_topic"] == source
     assert inst.metrics[0].totals["dead_letters"] == len(bad_json) + len(bad_value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "stateful_stage._process: when stage 0 does not pre-combine (the first batch of a "
+        "queue), an aggregate that raises runs in stage 1 and _dead_letter sends "
+        "json.dumps(value) with the shuffle topic's coordinates, not the source record's "
+        "original bytes; pre-combined batches fail in stage 0 and keep the original bytes"
+    ),
+)
+def test_dead_letters_from_the_aggregate_keep_original_bytes(
+    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+) -> None:
+    job = unique("it-dla")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 2)
+    rnd = random.Random(17)
+    records: list[dict[str, Any]] = [
+        {"key": rnd.choice(KEYS), "value": "oops" if i % 10 == 0 else rnd.randint(1, 99), "n": i}
+        for i in range(300)
+    ]
+    # Compact JSON: the original bytes differ from a re-serialized json.dumps(value).
+    bodies = [json.dumps(r, separators=(",", ":")).encode() for r in records]
+    bad = [b for r, b in zip(records, bodies, strict=True) if r["value"] == "oops"]
+    reference: dict[str, int] = collections.defaultdict(int)
+    for r in records:
+        if r["value"] != "oops":
+            reference[r["key"]] += r["value"]
+    builder = StreamBuilder(job)
+    (
+        builder.source(source, json_deserializer)
+        .key_by("key")
+        .sum("value", "sum")
+        .to_rstream()
+        .sink(sink)
+    )
+    topology = builder.build()
+    half = len(bodies) // 2
+    # First half: each queue's first batch (never pre-combined); second half: later ones.
+    produce(client_settings, source, [Message(b, key=f"m{i}") for i, b in enumerate(bodies[:half])])
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    inst.await_caught_up(CATCH_UP_S)
+    produce(client_settings, source, [Message(b, key=f"n{i}") for i, b in enumerate(bodies[half:])])
+    inst.await_caught_up(CATCH_UP_S)
+
+    assert final_counts(read_topic(admin, sink), field="sum") == dict(reference)
+    letters = read_topic(admin, topology.dead_letter_topic)
+    aggregate_op = topology.stages[1].aggregate.op_id  # type: ignore[union-attr]
+    assert sorted(r.properties["operator"] for r in letters) == [aggregate_op] * len(bad)
+    assert collections.Counter(r.body for r in letters) == collections.Counter(bad)
+    assert {r.properties["source_topic"] for r in letters} == {source}
 
 
 # -- 4. restart exactness -------------------------------------------------------------
 
 
 def test_restart_and_state_loss_keep_counts_exact(
-    engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
 ) -> None:
     job = unique("it-rs")
     source, sink = f"{job}-src", f"{job}-out"
@@ -313,23 +448,20 @@ def test_restart_and_state_loss_keep_counts_exact(
 
     # Part 1: stop gracefully mid-stream, a new Instance of the same group finishes.
     first = _lines(seed=3, count=6_000, vocab=vocab)
-    feeding = BackgroundProducer(
-        client_settings, source, _text_messages(first, "a"), threads=2
-    ).start()
     one = engine.start(engine.instance(topology, state_dir))
-    wait_until(
-        lambda: one.metrics[1].totals["records_in"] > 0, 120, "a first stateful batch"
-    )
-    still_producing = feeding.running
+    # Each of the two sender threads sends 1000 lines, then waits for resume().
+    feeding = BackgroundProducer(
+        client_settings, source, _text_messages(first, "a"), threads=2, pause_after=1_000
+    ).start()
+    wait_until(lambda: one.metrics[1].totals["records_in"] > 0, 120, "a first stateful batch")
+    feeding.resume()  # input keeps coming while the instance stops
     engine.stop(one)
     stopped_at = one.metrics[0].totals["records_in"]
     two = engine.start(engine.instance(topology, state_dir))
     feeding.join()
     two.await_caught_up(CATCH_UP_S)
-    _report(
-        f"restart: first instance stopped after {stopped_at:.0f} of {len(first)} lines "
-        f"(producer still sending at the stop: {still_producing})"
-    )
+    report(f"restart: the first instance stopped after {stopped_at:.0f} of {len(first)} lines")
+    assert 0 < stopped_at < len(first)
     assert final_counts(read_topic(admin, sink)) == dict(_word_reference(first))
     assert two.metrics[1].totals["skipped_duplicates"] == 0
 
@@ -346,8 +478,8 @@ def test_restart_and_state_loss_keep_counts_exact(
     three.await_caught_up(CATCH_UP_S)
     produce(client_settings, source, _text_messages(wave2, "c"), threads=2)
     three.await_caught_up(CATCH_UP_S)
-    assert three.metrics[1].totals["restored_keys"] > 0
     assert final_counts(read_topic(admin, sink)) == dict(_word_reference(first + wave1 + wave2))
+    assert three.metrics[1].totals["restored_keys"] > 0
 
 
 # -- 5. session and sliding windows ---------------------------------------------------
@@ -439,9 +571,9 @@ def test_session_and_sliding_windows_equal_reference(
     inst = engine.start(engine.instance(topology, tmp_path / "state"))
     # Two halves, so the second half meets sessions/windows opened in earlier batches.
     half = len(events) // 2
-    produce(client_settings, source, [Message(_event(**e)) for e in events[:half]])
+    produce(client_settings, source, [Message(_event(e)) for e in events[:half]])
     wait_until(lambda: inst.metrics[1].totals["records_in"] > 0, 60, "the first half applied")
-    produce(client_settings, source, [Message(_event(**e)) for e in events[half:]])
+    produce(client_settings, source, [Message(_event(e)) for e in events[half:]])
     wait_until(lambda: _sink_has(admin, sink, len(reference)), 90, f"every {kind} window")
     inst.await_caught_up(60)
     assert _windows_in_sink(admin, sink) == reference
