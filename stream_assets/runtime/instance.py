@@ -87,6 +87,7 @@ class Instance:
         self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
         self._spark: Any = None
         self._broker_name = ""
+        self._source_queues: tuple[int, ...] = ()
 
     # -- topics ------------------------------------------------------------
 
@@ -95,6 +96,7 @@ class Instance:
         with RocketMQAdmin(self.rocketmq) as admin:
             route = admin.route(self.topology.source_topic)  # TopicNotFoundError names it
             self._broker_name = sorted(route.brokers)[0]
+            self._source_queues = tuple(q.queue_id for q in route.read_queues)
             wanted = {t: self.engine.shuffle_queues for t in self.topology.shuffle_topics}
             wanted |= {t: self.engine.shuffle_queues for t in self.topology.state_topics}
             for t in (*self.topology.sink_topics, *self.topology.late_topics):
@@ -179,8 +181,9 @@ class Instance:
             dead_letter_topic=self.topology.dead_letter_topic,
             state_dir=str(self.engine.resolved_state_dir()),
             snapshot_every=self.engine.snapshot_every,
-            combine=False,
-            first_batch=True,
+            pre_combine=self.engine.pre_combine,
+            combine_from=self._current_ends(stage) if stage.index == 0 else (),
+            source_queues=self._source_queues,
             generation=self.generation,
         )
         checkpoint = self._checkpoints / f"stage-{stage.index}"
@@ -193,23 +196,17 @@ class Instance:
             .start()
         )
 
+    def _current_ends(self, stage: Stage) -> tuple[tuple[int, int], ...]:
+        with RocketMQAdmin(self.rocketmq) as admin:
+            return tuple((q.queue_id, admin.max_offset(q)) for q in admin.queues(stage.input_topic))
+
     def _batch_fn(self, template: TaskContext) -> Callable[[Any, int], None]:
-        first_batch: list[int] = []
         seen: set[int] = set()  # queues some batch of this query has processed
 
         def run_batch(df: Any, batch_id: int) -> None:
             if self._stopping.is_set():
                 raise StopRequested()
-            if not first_batch:
-                first_batch.append(batch_id)
-            first = batch_id == first_batch[0]
-            # Never pre-combine the first batch after a start (stateless_stage docs).
-            ctx = replace(
-                template,
-                combine=self.engine.pre_combine and not first,
-                first_batch=first,
-                seen_queues=frozenset(seen),
-            )
+            ctx = replace(template, seen_queues=frozenset(seen))
             rows = [r.asDict() for r in df.mapInArrow(_task(ctx), STATS_DDL).collect()]
             self._commit(ctx.stage, rows)
             self._record(ctx.stage.index, rows)

@@ -6,7 +6,7 @@ all-or-nothing and keeps sends few (the broker's sync send costs ~1 ms).
 
 - per-record: ``{"src": q, "recs": [[key, value, ts, offset, sub], ...]}``
 - combined:   ``{"src": q, "comb": [[key, wstart, wend, acc, max_ts, n], ...],
-  "end": [offset, sub]}`` (pre-aggregated per key and window)
+  "end": [offset, sub], "n": records}`` (pre-aggregated per key and window)
 
 Example::
 
@@ -36,10 +36,12 @@ def encode_records(src: int, recs: list[list[Any]]) -> bytes:
     return msgpack.packb({"src": src, "recs": recs}, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def encode_combined(src: int, entries: list[list[Any]], end: tuple[int, int]) -> bytes:
-    """A pre-aggregated shuffle message ending at origin ``end``."""
+def encode_combined(
+    src: int, entries: list[list[Any]], end: tuple[int, int], records: int
+) -> bytes:
+    """A pre-aggregated shuffle message ending at origin ``end``, standing for ``records``."""
     return msgpack.packb(  # type: ignore[no-any-return]
-        {"src": src, "comb": entries, "end": list(end)}, use_bin_type=True
+        {"src": src, "comb": entries, "end": list(end), "n": records}, use_bin_type=True
     )
 
 

@@ -128,24 +128,28 @@ def _process(
         else WatermarkTracker(agg.allowed_lateness_ms, agg.idle_timeout_ms)
     )
     now = now_ms()
+    for origin in ctx.source_queues:
+        tracker.expect(origin, now)
     closed_floor: int | None = meta.extra.get("closed")
     wm_start = _max_opt(tracker.watermark(now), closed_floor)
     state = _BatchState(store)
     acc_def = agg.accumulator
-    late: list[tuple[Any, Any, int]] = []
+    late: list[tuple[Any, Any, int, str]] = []
     changed_plain: set[bytes] = set()
     got_input = False
     reader = reader_for(ctx.client_settings(), ctx.group)
 
-    def fold(key: Any, window: Window | None, partial: Any, count: int, value: Any) -> None:
+    def fold(
+        key: Any, window: Window | None, partial: Any, count: int, value: Any, origin: str
+    ) -> None:
         """Fold a record (``value``) or a pre-combined ``partial`` into the state."""
         key_bytes = encode_key(key)
-        if window is not None and agg.window is not None and agg.window.is_merging:
-            _fold_session(state, acc_def, key_bytes, window, partial, value)
-            return
         if window is not None and window_closed(window, wm_start):
             stats.late += count
-            late.append((key, value, window.end))
+            late.append((key, value, window.end, origin))
+            return
+        if window is not None and agg.window is not None and agg.window.is_merging:
+            _fold_session(state, acc_def, key_bytes, window, partial, value)
             return
         skey = _wkey(window, key_bytes) if window is not None else _PLAIN + key_bytes
         acc = state.get(skey)
@@ -172,7 +176,7 @@ def _process(
                         list(agg.window.assign(ts)) if agg.window is not None else [None]
                     )
                     for w in windows:
-                        fold(key, w, None, 1, value)
+                        fold(key, w, None, 1, value, f"{src}/{off}/{sub}")
                 except Exception as exc:
                     _dead_letter(ctx, stats, record, agg.op_id, exc, value)
                 tracker.observe(src, ts, now)
@@ -183,10 +187,10 @@ def _process(
                 continue
             applied = end_origin
             got_input = True
+            stats.records_in += int(body.get("n", 0))
             for key, ws, we, partial, max_ts, count in body["comb"]:
-                stats.records_in += count
                 window = Window(ws, we) if ws is not None else None
-                fold(key, window, partial, count, None)
+                fold(key, window, partial, count, None, f"{src}/{end_origin[0]}")
                 tracker.observe(src, max_ts, now)
         meta.origins[src] = (int(applied[0]), int(applied[1]))
 
@@ -202,8 +206,7 @@ def _process(
             value = acc_def.result(state.get(_PLAIN + key_bytes))
             results.append((_result_key(key), {"key": key, **value}))
     else:
-        fire_to = None if idle else _max_opt(watermark, closed_floor)
-        fired_end = _fire(state, agg, fire_to, results)
+        fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), idle, results)
         stats.fired = len(results)
         if idle and fired_end is not None:
             closed_floor = _max_opt(closed_floor, fired_end)
@@ -251,14 +254,18 @@ def _fire(
     state: _BatchState,
     agg: n.Aggregate,
     fire_to: int | None,
+    fire_all: bool,
     results: list[tuple[str, dict[str, Any]]],
 ) -> int | None:
-    """Remove and collect windows ending at or before ``fire_to`` (None: all)."""
+    """Remove and collect windows ending at or before ``fire_to``, or all with ``fire_all``.
+
+    ``fire_to`` None (no watermark yet) fires nothing.
+    """
     acc_def = agg.accumulator
     fired_end: int | None = None
 
     def due(window: Window) -> bool:
-        return fire_to is None or window_closed(window, fire_to)
+        return fire_all or window_closed(window, fire_to)
 
     def collect(key_bytes: bytes, window: Window, acc: Any) -> None:
         nonlocal fired_end
@@ -314,7 +321,7 @@ def _emit(
     stats: TaskStats,
     agg: n.Aggregate,
     results: list[tuple[str, dict[str, Any]]],
-    late: list[tuple[Any, Any, int]],
+    late: list[tuple[Any, Any, int, str]],
 ) -> None:
     outputs = StageOutputs(ctx, stats)
     chain = OperatorChain(ctx.stage.ops, outputs.emit)
@@ -326,11 +333,12 @@ def _emit(
             _dead_letter(ctx, stats, None, err.op_id, err.cause, value)
     if agg.late_topic:
         producer = ctx.producer()
-        for key, value, window_end in late:
+        for key, value, window_end, origin in late:
             body = json.dumps(
                 {"key": key, "value": value, "window_end": window_end}, default=str
             ).encode()
-            producer.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{_result_key(key)}")
+            # Keyed by the record's origin, so a replayed batch's copies de-duplicate.
+            producer.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
     outputs.flush()
 
 

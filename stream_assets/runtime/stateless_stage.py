@@ -6,9 +6,10 @@ carries its origin (source queue, offset, sub-index) so the stateful stage
 applies it exactly once even when this batch is re-sent after a crash.
 
 When the next aggregate is decomposable, records are pre-combined per key and
-window before sending, except in the first batch after a start: a batch
-replayed after a crash may have other boundaries than the one that was cut
-short, and only per-record origins can be de-duplicated against any prefix.
+window before sending, except below the offset each queue had reached when the
+instance started (``TaskContext.may_combine``): a batch replayed after a crash
+may have other boundaries than the one that was cut short, and only per-record
+origins can be de-duplicated against any prefix.
 """
 
 from __future__ import annotations
@@ -40,14 +41,11 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
     key_fn: Callable[[Any], Any] | None = stage.key_by.fn if stage.key_by else None
     agg = ctx.next_aggregate
     combine = (
-        ctx.combine
-        and queue_id in ctx.seen_queues
-        and stage.combine
-        and agg is not None
-        and not _merging(agg)
+        ctx.may_combine(queue_id, start) and stage.combine and agg is not None and not _merging(agg)
     )
     per_record: dict[int, list[list[Any]]] = defaultdict(list)
     combined: dict[int, dict[tuple[bytes, Any, Any], list[Any]]] = defaultdict(dict)
+    combined_records: dict[int, int] = defaultdict(int)  # records behind each queue's partials
     last_offset = start - 1
 
     for record in reader.read(ctx.input_queue(queue_id), start, end):
@@ -71,7 +69,11 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
                     raise UserFunctionError(
                         stage.key_by.op_id if stage.key_by else "", exc
                     ) from exc
-            partials = _partials(agg, keyed, ctx.shuffle_queues) if combine else None
+            # Also without combining: an aggregate that cannot take a value fails
+            # here, where the dead letter still has the record's original bytes.
+            partials = _partials(agg, keyed, ctx.shuffle_queues) if agg is not None else None
+            if not combine:
+                partials = None
         except UserFunctionError as err:
             ctx.dead_letter(stats, record, err.op_id, err.cause)
             continue
@@ -80,6 +82,8 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
             per_record[target].append([key, v, ts, record.queue_offset, sub])
             stats.shuffle_records += 1
         if partials:
+            for target in {p[0] for p in partials}:
+                combined_records[target] += 1
             for target, entry_key, key, acc, ts in partials:
                 slot = combined[target].get(entry_key)
                 if slot is None:
@@ -95,7 +99,9 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
             body = None
             if combine:
                 entries = list(combined[target].values())
-                body = encode_combined(queue_id, entries, (last_offset, _WHOLE_OFFSET))
+                body = encode_combined(
+                    queue_id, entries, (last_offset, _WHOLE_OFFSET), combined_records[target]
+                )
                 if len(body) > MAX_BODY_BYTES:
                     body = None  # too big to go as one message: fall back to records
             if body is not None:

@@ -41,13 +41,24 @@ class TaskContext:
     dead_letter_topic: str
     state_dir: str
     snapshot_every: int
-    combine: bool  # pre-combine allowed in this batch (never the first after a start)
-    first_batch: bool  # first batch of this query run
+    pre_combine: bool  # engine setting: pre-aggregate before the shuffle where exact
+    #: Per source queue, the max offset when this query started. A batch may be
+    #: pre-combined only from there on: anything below may have been sent, cut
+    #: short, by a run that crashed, with other batch boundaries; per-record
+    #: origins de-duplicate against any such prefix, combined ones do not.
+    combine_from: tuple[tuple[int, int], ...] = ()
+    #: Every queue id of the source topic: each one holds the watermark of a
+    #: stateful stage until it has spoken or idled (slow queues stay on time).
+    source_queues: tuple[int, ...] = ()
     #: Queues a batch of this query run has already processed. A queue's first
     #: batch (not the query's: that one can be empty, or cover other queues)
-    #: checks local state against the state topic and is never pre-combined.
+    #: checks local state against the state topic.
     seen_queues: frozenset[int] = frozenset()
     generation: int = 0
+
+    def may_combine(self, queue_id: int, start: int) -> bool:
+        """Whether the batch of ``queue_id`` starting at ``start`` may be pre-combined."""
+        return self.pre_combine and start >= dict(self.combine_from).get(queue_id, 2**63)
 
     def client_settings(self) -> RocketMQSettings:
         """Client settings: environment (credentials) plus this job's name server."""

@@ -52,7 +52,7 @@ def window_closed(window: Window, watermark: int | None) -> bool:
 
 @dataclass(slots=True)
 class _Origin:
-    max_event_time: int
+    max_event_time: int | None  # None: expected but nothing seen yet
     last_seen: int
 
 
@@ -107,13 +107,25 @@ class WatermarkTracker:
         """The highest watermark returned so far (the floor), or None."""
         return self._last_watermark
 
+    def expect(self, origin: int, now: int) -> None:
+        """Declare a source queue that may send records but has sent none yet.
+
+        Until it sends or stays silent past the idle timeout (counted from
+        ``now``), it holds the watermark back: otherwise a fast queue alone
+        would advance it and make the slow queue's on-time records late.
+        """
+        if origin not in self._origins:
+            self._origins[origin] = _Origin(None, now)
+
     def observe(self, origin: int, event_time: int, now: int) -> None:
         """Record that a record from source queue ``origin`` with ``event_time`` arrived."""
         seen = self._origins.get(origin)
         if seen is None:
             self._origins[origin] = _Origin(event_time, now)
             return
-        seen.max_event_time = max(seen.max_event_time, event_time)
+        seen.max_event_time = (
+            event_time if seen.max_event_time is None else max(seen.max_event_time, event_time)
+        )
         # A clock step back must not make a live origin look idle sooner.
         seen.last_seen = max(seen.last_seen, now)
 
@@ -125,17 +137,16 @@ class WatermarkTracker:
         windows still fire when input stops. Never lower than a value it
         returned before.
         """
-        if not self._origins:
+        active = [o for o in self._origins.values() if now - o.last_seen <= self._idle_timeout_ms]
+        if any(o.max_event_time is None for o in active):
+            return self._last_watermark  # an expected origin has not spoken yet
+        seen = [o.max_event_time for o in self._origins.values() if o.max_event_time is not None]
+        if not seen:
             return self._last_watermark
-        active = [
-            o.max_event_time
-            for o in self._origins.values()
-            if now - o.last_seen <= self._idle_timeout_ms
-        ]
         if active:
-            event_time = min(active)
+            event_time = min(o.max_event_time for o in active if o.max_event_time is not None)
         else:
-            event_time = max(o.max_event_time for o in self._origins.values())
+            event_time = max(seen)
         computed = event_time - self._allowed_lateness_ms
         if self._last_watermark is None or computed > self._last_watermark:
             self._last_watermark = computed
@@ -158,7 +169,11 @@ class WatermarkTracker:
             "allowed_lateness_ms": self._allowed_lateness_ms,
             "idle_timeout_ms": self._idle_timeout_ms,
             "origins": {
-                str(origin): {"max_event_time": o.max_event_time, "last_seen": o.last_seen}
+                str(origin): (
+                    {"last_seen": o.last_seen}
+                    if o.max_event_time is None
+                    else {"max_event_time": o.max_event_time, "last_seen": o.last_seen}
+                )
                 for origin, o in sorted(self._origins.items())
             },
         }
@@ -188,7 +203,9 @@ class WatermarkTracker:
             if not isinstance(value, Mapping):
                 raise ValueError(f"watermark state: origin {key!r} must be a mapping")
             tracker._origins[origin] = _Origin(
-                _int(value.get("max_event_time"), f"origin {key} max_event_time"),
+                None
+                if "max_event_time" not in value
+                else _int(value.get("max_event_time"), f"origin {key} max_event_time"),
                 _int(value.get("last_seen"), f"origin {key} last_seen"),
             )
         if "last_watermark" in d:

@@ -9,9 +9,9 @@ lag is zero) or polling the sink topic for a condition, each with a deadline.
 All instances share one SparkSession (fixture ``engine``, tests/integration/conftest.py).
 
 The windowed tests read a one-queue source: with several source queues the
-first batches race (see the strict xfail
-``test_slow_source_queue_is_not_made_late_by_a_fast_one`` for the engine bug),
-and a one-queue source makes "which events are late" a function of the input.
+first batches race (``test_slow_source_queue_is_not_made_late_by_a_fast_one``
+checks the watermark across queues), and a one-queue source makes "which events
+are late" a function of the input.
 """
 
 from __future__ import annotations
@@ -256,15 +256,6 @@ def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
 SLOW_IDLE_S = 15.0  # long enough that the slow queue is not idle when it finally sends
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "stateful_stage._process / WatermarkTracker: the minimum is taken over the origins "
-        "seen so far, so a source queue whose first records reach a shuffle queue after "
-        "another queue's has no say: the fast queue alone moves the watermark and the slow "
-        "queue's on-time records are dropped as late (DESIGN section 3)"
-    ),
-)
 def test_slow_source_queue_is_not_made_late_by_a_fast_one(
     engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
 ) -> None:
@@ -377,15 +368,6 @@ def test_dead_letters_hold_exactly_the_bad_records(
     assert inst.metrics[0].totals["dead_letters"] == len(bad_json) + len(bad_value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "stateful_stage._process: when stage 0 does not pre-combine (the first batch of a "
-        "queue), an aggregate that raises runs in stage 1 and _dead_letter sends "
-        "json.dumps(value) with the shuffle topic's coordinates, not the source record's "
-        "original bytes; pre-combined batches fail in stage 0 and keep the original bytes"
-    ),
-)
 def test_dead_letters_from_the_aggregate_keep_original_bytes(
     engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
 ) -> None:

@@ -267,3 +267,24 @@ def test_constructor_validation(
 ) -> None:
     with pytest.raises(error, match=message):
         WatermarkTracker(**kwargs)
+
+
+def test_expected_origin_holds_the_watermark_until_it_speaks_or_idles() -> None:
+    t = WatermarkTracker(allowed_lateness_ms=1_000, idle_timeout_ms=5_000)
+    t.expect(origin=1, now=0)
+    t.observe(origin=0, event_time=50_000, now=0)
+    # Queue 1 has not sent anything: the fast queue 0 alone must not move it.
+    assert t.watermark(now=1_000) is None
+    t.observe(origin=1, event_time=20_000, now=2_000)
+    assert t.watermark(now=2_000) == 19_000
+    restored = WatermarkTracker.from_dict(t.to_dict())
+    assert restored.watermark(now=2_000) == 19_000
+
+
+def test_expected_origin_that_stays_silent_drops_out_after_the_idle_timeout() -> None:
+    t = WatermarkTracker(allowed_lateness_ms=0, idle_timeout_ms=5_000)
+    t.expect(origin=1, now=0)
+    t.observe(origin=0, event_time=30_000, now=4_000)
+    assert t.watermark(now=5_000) is None
+    assert t.watermark(now=5_001) == 30_000
+    assert WatermarkTracker.from_dict(t.to_dict()).to_dict() == t.to_dict()
