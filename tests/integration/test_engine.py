@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -560,3 +564,57 @@ def test_session_and_sliding_windows_equal_reference(
     inst.await_caught_up(60)
     assert _windows_in_sink(admin, sink) == reference
     assert inst.metrics[1].totals["late"] == 0
+
+
+# -- 7. kill -9 mid-batch ----------------------------------------------------------
+
+
+def test_kill_9_mid_batch_then_restart_counts_exactly_once(
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    job = unique("it-kill")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    lines = _lines(seed=11, count=8_000, vocab=_vocabulary(300))
+    produce(client_settings, source, _line_messages(lines, 4, "k"), threads=4)
+    state_dir = tmp_path / "state"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration._instance_process",
+            job,
+            source,
+            sink,
+            str(state_dir),
+            client_settings.namesrv_addr,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group: the Spark JVM dies with it
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+
+        def committed(topic: str) -> int:
+            return sum(admin.query_consumer_offset(job, q) or 0 for q in admin.queues(topic))
+
+        shuffle = wordcount.build(job, source, sink).shuffle_topics[0]
+        # Both stages have committed work and the source is far from done: batches
+        # run back to back, so the kill lands inside one.
+        wait_until(lambda: committed(shuffle) > 0 and committed(source) > 0, 180, "progress")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    killed_at = committed(source)
+    report(f"kill -9: the instance died with {killed_at} of {len(lines) // 4} messages committed")
+    assert killed_at < len(lines) // 4, "the input was consumed before the kill"
+
+    again = engine.start(engine.instance(wordcount.build(job, source, sink), state_dir))
+    again.await_caught_up(CATCH_UP_S)
+    assert final_counts(read_topic(admin, sink)) == dict(_word_reference(lines))
