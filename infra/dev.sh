@@ -49,6 +49,7 @@ setup_env() {
   export PYSPARK_PYTHON="$VENV/bin/python" PYSPARK_DRIVER_PYTHON="$VENV/bin/python"
   export DAGSTER_HOME=${DAGSTER_HOME:-$ROOT/.local/dagster}
   mkdir -p "$DAGSTER_HOME"
+  [ -f "$DAGSTER_HOME/dagster.yaml" ] || cp infra/dagster/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
   export PATH="$VENV/bin:$PATH"
 }
 

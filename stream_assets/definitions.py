@@ -1,13 +1,27 @@
-"""The Dagster code location of stream-assets (loaded by workspace.yaml)."""
+"""The Dagster code location of stream-assets (loaded by workspace.yaml).
 
-from __future__ import annotations
+Per registered topology (``stream_assets.ops.registry.REGISTRY``): its topics
+as assets with lineage source -> topology -> shuffle/state/sinks, the instance
+job the supervisor launches, the scale job, and the topology's scale schedules.
+"""
 
 import dagster as dg
 
-from jobs import roundtrip_job
-from resources import RocketMQResource
+from jobs import all_scale_schedules, roundtrip_job
+from jobs.instance_job import instance_job
+from jobs.scale import scale_job
+from jobs.supervisor import supervisor_sensor
+from resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
+from stream_assets.ops import REGISTRY, lineage_asset_specs
 
 defs = dg.Definitions(
-    jobs=[roundtrip_job],
-    resources={"rocketmq": RocketMQResource()},
+    assets=lineage_asset_specs(reg.topology() for reg in REGISTRY.values()),
+    jobs=[roundtrip_job, instance_job, scale_job],
+    schedules=all_scale_schedules(REGISTRY.values(), scale_job),
+    sensors=[supervisor_sensor],
+    resources={
+        "rocketmq": RocketMQResource(),
+        "spark": SparkResource(),
+        "state_store": RocksDBStateStoreResource(),
+    },
 )

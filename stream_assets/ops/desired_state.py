@@ -26,6 +26,7 @@ Example::
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class Heartbeat:
     run_id: str
     ts: float
     lag: dict[str, int] = field(default_factory=dict)
+    pid: int = 0  # the run's process, for operators (and crash tests)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -192,6 +194,7 @@ class Heartbeat:
             "run_id": self.run_id,
             "ts": self.ts,
             "lag": dict(self.lag),
+            "pid": self.pid,
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -206,6 +209,7 @@ class Heartbeat:
             run_id=str(data["run_id"]),
             ts=float(data["ts"]),
             lag={str(k): int(v) for k, v in data.get("lag", {}).items()},
+            pid=int(data.get("pid", 0)),
         )
 
 
@@ -243,6 +247,7 @@ def record_heartbeat(
         run_id=run_id,
         ts=time.time() if ts is None else ts,
         lag=dict(lag or {}),
+        pid=os.getpid(),
     )
     _write(instance, heartbeat_key(run_id), beat.to_json())
     return beat

@@ -15,6 +15,8 @@ Example::
     [('0 8 * * 1-5', 2), ('0 20 * * 1-5', 1)]
 """
 
+import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -111,8 +113,31 @@ def _example_registrations() -> dict[str, TopologyRegistration]:
     }
 
 
+def _user_registrations() -> dict[str, TopologyRegistration]:
+    """Registrations from the modules named in ``STREAM_ASSETS_TOPOLOGIES``.
+
+    A comma-separated list of importable modules, each defining
+    ``REGISTRATIONS``: an iterable of :class:`TopologyRegistration`. This is
+    how a deployment adds its own topologies to the code location.
+    """
+    out: dict[str, TopologyRegistration] = {}
+    for module_name in filter(None, os.environ.get("STREAM_ASSETS_TOPOLOGIES", "").split(",")):
+        module = importlib.import_module(module_name.strip())
+        registrations = getattr(module, "REGISTRATIONS", None)
+        if registrations is None:
+            raise ValueError(
+                f"STREAM_ASSETS_TOPOLOGIES: module {module_name!r} defines no REGISTRATIONS"
+            )
+        for reg in registrations:
+            out[reg.name] = reg
+    return out
+
+
 #: Every topology this code location operates, by name.
-REGISTRY: dict[str, TopologyRegistration] = _example_registrations()
+REGISTRY: dict[str, TopologyRegistration] = {
+    **_example_registrations(),
+    **_user_registrations(),
+}
 
 
 def registration(name: str) -> TopologyRegistration:

@@ -54,6 +54,8 @@ class StageMetrics:
     totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     last_batch_at: float = 0.0
     watermark: int = -1
+    #: Latest (keys, bytes) of each stateful queue's RocksDB.
+    state: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def _print(message: str) -> None:
@@ -231,6 +233,11 @@ class Instance:
             m.batches += 1
             m.last_batch_at = time.time()
             for row in rows:
+                if row.get("state_keys") or row.get("state_bytes"):
+                    m.state[int(row["queue_id"])] = (
+                        int(row["state_keys"]),
+                        int(row["state_bytes"]),
+                    )
                 for key, value in row.items():
                     if key in (
                         "stage",
@@ -244,21 +251,31 @@ class Instance:
                     m.totals[key] += value
                 m.watermark = max(m.watermark, int(row.get("watermark", -1)))
 
-    def lag(self) -> dict[str, int]:
-        """Messages not yet committed, per stage input topic (over assigned queues)."""
-        out: dict[str, int] = {}
+    def lag_by_queue(self) -> dict[str, dict[int, int]]:
+        """Messages not yet committed, per stage input topic and assigned queue."""
+        out: dict[str, dict[int, int]] = {}
         with RocketMQAdmin(self.rocketmq) as admin:
             for stage in self.topology.stages:
                 wanted = self._queues_of(stage.input_topic)
-                total = 0
+                per_queue: dict[int, int] = {}
                 for q in admin.queues(stage.input_topic):
                     if wanted is not None and q.queue_id not in wanted:
                         continue
                     committed = admin.query_consumer_offset(self.group, q)
                     floor = committed if committed is not None else admin.min_offset(q)
-                    total += max(0, admin.max_offset(q) - floor)
-                out[stage.input_topic] = total
+                    per_queue[q.queue_id] = max(0, admin.max_offset(q) - floor)
+                out[stage.input_topic] = per_queue
         return out
+
+    def lag(self) -> dict[str, int]:
+        """Messages not yet committed, per stage input topic (over assigned queues)."""
+        return {topic: sum(q.values()) for topic, q in self.lag_by_queue().items()}
+
+    def state_size(self) -> tuple[int, int]:
+        """Keys and bytes of the RocksDB state this instance last reported, all queues."""
+        with self._lock:
+            sizes = [v for m in self.metrics.values() for v in m.state.values()]
+        return sum(k for k, _ in sizes), sum(b for _, b in sizes)
 
     def check_failed(self) -> None:
         """Raise if a stage query died (with Spark's error)."""

@@ -79,6 +79,10 @@ class _BatchState:
         self.changes[key] = None if value is None else pack_value(value)
 
 
+class FencedError(RuntimeError):
+    """An instance of an older generation tried to process a queue it no longer owns."""
+
+
 def now_ms() -> int:
     """Processing time, epoch ms."""
     return int(time.time() * 1000)
@@ -104,6 +108,13 @@ def run_stateful(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskS
             store.open()
             result = restore_queue(store, ctx.stage.state_topic, queue_id, admin, reader)
             stats.restored_keys = result.keys
+        owner = int(store.meta.extra.get("generation", 0))
+        if owner > ctx.generation:
+            # Fencing: a newer allocation gave this queue to another instance.
+            raise FencedError(
+                f"{ctx.stage.input_topic}[{queue_id}] belongs to generation {owner}; this "
+                f"instance is generation {ctx.generation} and must not commit for it"
+            )
         _process(ctx, agg, store, stats, queue_id, start, end)
         stats.state_keys = store.key_count()
         stats.state_bytes = store.size_bytes()
@@ -213,6 +224,7 @@ def _process(
     _emit(ctx, stats, agg, results, late)
 
     meta.input_offset = end
+    meta.extra["generation"] = ctx.generation
     meta.watermark = tracker.to_dict()
     meta.extra["last_input"] = last_input
     if closed_floor is not None:

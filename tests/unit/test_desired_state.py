@@ -120,7 +120,7 @@ def test_heartbeats_by_run(instance: dg.DagsterInstance) -> None:
 def test_heartbeat_with_lag_round_trips(instance: dg.DagsterInstance) -> None:
     record_heartbeat(instance, "wordcount", 2, 1, "run-c", ts=5.5, lag={"sourceTopic": 42})
     assert heartbeats(instance, ["run-c"])["run-c"] == Heartbeat(
-        "wordcount", 2, 1, "run-c", 5.5, {"sourceTopic": 42}
+        "wordcount", 2, 1, "run-c", 5.5, {"sourceTopic": 42}, pid=os.getpid()
     )
 
 

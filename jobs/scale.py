@@ -1,0 +1,303 @@
+"""The scale job: move a topology to ``target_instances``, queues and state together.
+
+Steps (each logged; the figures go to the run's output metadata):
+
+1. Check the request (registered topology, target >= 1, broker reachable):
+   a bad request fails here and changes nothing.
+2. Compute the new allocation (RocketMQ's average allocation, or sticky,
+   which moves fewer queues) and pause the supervisor for this topology.
+3. Cancel only the instance runs whose queues change; each finishes its batch
+   in flight (its final checkpoint) before it exits.
+4. Restore every moved stateful queue's RocksDB from the state topic (latest
+   snapshot + changelog tail), with progress.
+5. Publish the new allocation (new generation) and resume the supervisor,
+   which launches the new instances.
+6. Verify that every instance of the new allocation runs and heartbeats, and
+   that every queue is owned and advancing (or has nothing left to read).
+"""
+
+import time
+from typing import Any
+
+import dagster as dg
+
+from jobs.supervisor import instance_runs, run_assignment
+from resources.rocketmq import RocketMQResource
+from resources.spark import SparkResource
+from resources.state_store import RocksDBStateStoreResource
+from stream_assets.ops.allocation import (
+    STRATEGIES,
+    Allocation,
+    allocate,
+    changed_instances,
+    moves,
+    topology_queues,
+)
+from stream_assets.ops.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.ops.registry import INSTANCE_INDEX_TAG, REGISTRY
+from stream_assets.plan.topology import Topology
+from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.runtime.clients import admin_for, reader_for
+from stream_assets.runtime.instance import Instance
+from stream_assets.state.restore import RestoreProgress, restore_queue
+from stream_assets.state.store import QueueStateStore
+
+SCALE_JOB = "scale_job"
+
+
+class ScaleConfig(dg.Config):
+    """Which topology, how many instances, and how long to wait for each step."""
+
+    topology: str
+    target_instances: int
+    strategy: str = ""  # "average" | "sticky"; empty: the topology's registered default
+    stop_timeout_s: float = 300.0
+    start_timeout_s: float = 600.0
+
+
+def _fail(message: str) -> dg.Failure:
+    return dg.Failure(description=message)
+
+
+@dg.op
+def scale(
+    context: dg.OpExecutionContext,
+    config: ScaleConfig,
+    rocketmq: RocketMQResource,
+    spark: SparkResource,
+    state_store: RocksDBStateStoreResource,
+) -> None:
+    """Scale ``config.topology`` to ``config.target_instances`` instances."""
+    if config.topology not in REGISTRY:
+        raise _fail(
+            f"unknown topology {config.topology!r}; registered: {sorted(REGISTRY)}. "
+            "Nothing was changed."
+        )
+    if config.target_instances < 1:
+        raise _fail(
+            f"target_instances must be at least 1, got {config.target_instances}; to stop a "
+            "topology cancel its instance runs. Nothing was changed."
+        )
+    reg = REGISTRY[config.topology]
+    strategy = config.strategy or reg.strategy
+    if strategy not in STRATEGIES:
+        raise _fail(f"unknown strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
+    topology = reg.topology()
+    settings = rocketmq.settings()
+    engine = spark.engine_settings(state_dir=state_store.root())
+    try:
+        with RocketMQAdmin(settings) as admin:
+            admin.master_brokers()
+            source_queues = [q.queue_id for q in admin.queues(topology.source_topic)]
+        Instance(
+            topology, rocketmq=settings, engine=engine, progress=context.log.info
+        ).prepare_topics()
+    except (RocketMQError, ValueError) as exc:
+        raise _fail(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc
+
+    store = DesiredStateStore(context.instance)
+    current = store.get(config.topology)
+    old = current.allocation if current else None
+    queues = topology_queues(topology, source_queues, engine.shuffle_queues)
+    new = allocate(queues, config.target_instances, strategy, previous=old)
+    moved = moves(old, new)
+    changed = changed_instances(old, new)
+    context.log.info(
+        f"{config.topology}: {old.instances if old else 0} -> {new.instances} instances "
+        f"(generation {new.generation}, {strategy}); {len(moved)} queue moves; restarting "
+        f"instances {sorted(changed)}"
+    )
+    store.set(config.topology, DesiredState(config.target_instances, old, paused=True))
+    pause_start = time.time()
+    stopped = _stop_changed(context, config, new)
+    restored = _restore_moved(context, topology, moved, engine.resolved_state_dir(), settings)
+    store.set(config.topology, DesiredState(config.target_instances, new, paused=False))
+    _verify(context, config, topology, new, pause_start, settings)
+    pause_s = time.time() - pause_start
+    restore_keys = sum(r["keys"] for r in restored)
+    restore_s = sum(r["seconds"] for r in restored)
+    context.add_output_metadata(
+        {
+            "generation": new.generation,
+            "instances_before": old.instances if old else 0,
+            "instances_after": new.instances,
+            "queues_moved": len(moved),
+            "runs_stopped": len(stopped),
+            "pause_s": round(pause_s, 2),
+            "restored_queues": len(restored),
+            "restored_keys": restore_keys,
+            "restore_s": round(restore_s, 3),
+            "restore_keys_per_s": round(restore_keys / restore_s, 1) if restore_s else 0.0,
+            "moves": dg.MetadataValue.json(
+                [
+                    {
+                        "topic": m.topic,
+                        "queue": m.queue_id,
+                        "from": m.from_instance,
+                        "to": m.to_instance,
+                    }
+                    for m in moved
+                ]
+            ),
+            "restores": dg.MetadataValue.json(restored),
+            "allocation": dg.MetadataValue.json(new.to_dict()),
+        }
+    )
+
+
+def _stop_changed(
+    context: dg.OpExecutionContext, config: ScaleConfig, new: Allocation
+) -> list[str]:
+    """Cancel the instance runs whose assignment changes; wait for them to end."""
+    to_stop = []
+    for run in instance_runs(context.instance, config.topology):
+        index = int(run.tags.get(INSTANCE_INDEX_TAG, -1))
+        keep = index < new.instances and run_assignment(run) == new.for_instance(index)
+        if not keep:
+            to_stop.append(run.run_id)
+            context.log.info(f"stopping instance {index} (run {run.run_id}): its queues change")
+            if run.status != dg.DagsterRunStatus.CANCELING:
+                context.instance.run_coordinator.cancel_run(run.run_id)
+    deadline = time.monotonic() + config.stop_timeout_s
+    for run_id in to_stop:
+        while True:
+            current = context.instance.get_run_by_id(run_id)
+            if current is None or current.is_finished:
+                break
+            if time.monotonic() > deadline:
+                # The process is gone or stuck: the generation fence in the
+                # state store keeps it from committing for queues that moved.
+                context.instance.report_run_canceled(current, "did not stop in time")
+                context.log.warning(f"run {run_id} did not stop in time; marked canceled")
+                break
+            time.sleep(0.5)
+    return to_stop
+
+
+def _restore_moved(
+    context: dg.OpExecutionContext,
+    topology: Topology,
+    moved: list[Any],
+    state_dir: Any,
+    settings: Any,
+) -> list[dict[str, Any]]:
+    """Rebuild every moved stateful queue from its state topic; return what each took."""
+    stateful = {
+        s.input_topic: s for s in topology.stages if s.aggregate is not None and s.state_topic
+    }
+    out: list[dict[str, Any]] = []
+    admin = admin_for(settings)
+    reader = reader_for(settings, f"{topology.job_id}-scale-restore")
+    for move in moved:
+        stage = stateful.get(move.topic)
+        if stage is None or move.to_instance is None:
+            continue
+        assert stage.aggregate is not None and stage.state_topic is not None
+
+        def progress(p: RestoreProgress, topic: str = stage.state_topic) -> None:
+            if p.messages_total and p.messages_read % 200 == 0:
+                context.log.info(
+                    f"restoring {topic}[{p.queue_id}]: {p.messages_read}/{p.messages_total} "
+                    f"messages, {p.keys_loaded} keys"
+                )
+
+        with QueueStateStore(
+            state_dir, topology.job_id, stage.aggregate.op_id, move.queue_id
+        ) as st:
+            st.wipe()
+            st.open()
+            result = restore_queue(st, stage.state_topic, move.queue_id, admin, reader, progress)
+        context.log.info(
+            f"restored {stage.state_topic}[{move.queue_id}] for instance {move.to_instance}: "
+            f"{result.keys} keys, seq {result.seq}, {result.messages_read} messages in "
+            f"{result.seconds:.2f}s"
+        )
+        out.append(
+            {
+                "topic": stage.state_topic,
+                "queue": move.queue_id,
+                "keys": result.keys,
+                "seq": result.seq,
+                "messages": result.messages_read,
+                "seconds": result.seconds,
+            }
+        )
+    return out
+
+
+def _verify(
+    context: dg.OpExecutionContext,
+    config: ScaleConfig,
+    topology: Topology,
+    new: Allocation,
+    since: float,
+    settings: Any,
+) -> None:
+    """Wait until every instance of ``new`` runs and heartbeats, and queues advance."""
+    deadline = time.monotonic() + config.start_timeout_s
+    while True:
+        runs = instance_runs(context.instance, config.topology, [dg.DagsterRunStatus.STARTED])
+        beats = heartbeats(context.instance, [r.run_id for r in runs]) if runs else {}
+        ready = {
+            int(r.tags[INSTANCE_INDEX_TAG])
+            for r in runs
+            if r.run_id in beats
+            and beats[r.run_id].ts >= since
+            and int(r.tags[INSTANCE_INDEX_TAG]) < new.instances
+            and run_assignment(r) == new.for_instance(int(r.tags[INSTANCE_INDEX_TAG]))
+        }
+        if ready == set(range(new.instances)):
+            break
+        if time.monotonic() > deadline:
+            raise _fail(
+                f"instances {sorted(set(range(new.instances)) - ready)} of {config.topology} "
+                f"did not start within {config.start_timeout_s:.0f}s. The supervisor sensor "
+                "launches them: is the dagster daemon running (`dagster dev` starts it)?"
+            )
+        time.sleep(1.0)
+    owned = {(t, q) for share in new.assignment for t, qs in share.items() for q in qs}
+    expected = {(t, q) for t, qs in new.queues_by_topic().items() for q in qs}
+    if owned != expected:
+        raise _fail(f"allocation leaves queues unowned: {sorted(expected - owned)}")
+    _await_advancing(context, topology, sorted(expected), deadline, settings)
+    context.log.info(
+        f"{config.topology}: all {new.instances} instances of generation {new.generation} "
+        "are running, own every queue, and every queue is advancing or drained"
+    )
+
+
+def _await_advancing(
+    context: dg.OpExecutionContext,
+    topology: Topology,
+    queues: list[tuple[str, int]],
+    deadline: float,
+    settings: Any,
+) -> None:
+    """Every queue's committed offset moves past where it was, or reaches the end."""
+    with RocketMQAdmin(settings) as admin:
+        broker = sorted(admin.route(topology.source_topic).brokers)[0]
+        mqs = [MessageQueue(t, broker, q) for t, q in queues]
+
+        def committed(mq: MessageQueue) -> int:
+            return admin.query_consumer_offset(topology.job_id, mq) or 0
+
+        start = {mq: committed(mq) for mq in mqs}
+        pending = set(mqs)
+        while pending:
+            for mq in list(pending):
+                now = committed(mq)
+                if now > start[mq] or now >= admin.max_offset(mq):
+                    pending.discard(mq)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                stuck = sorted(f"{mq.topic}[{mq.queue_id}]" for mq in pending)
+                raise _fail(f"queues not advancing after the scale: {stuck}")
+            time.sleep(1.0)
+
+
+@dg.job(name=SCALE_JOB, description="Scale a topology in or out, moving queues and state.")
+def scale_job() -> None:
+    """Scale a registered topology."""
+    scale()
