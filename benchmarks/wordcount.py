@@ -2,8 +2,9 @@
 
 Prints, against the ``broker_roundtrip`` baseline measured in the same run:
 
-- throughput in input lines/s over a pre-produced backlog, with pre-shuffle
-  combine on and off, and the shuffle messages/records each sent;
+- throughput in input lines/s (input produced while the instance runs, several
+  lines a message), with pre-shuffle combine on and off, and the shuffle
+  traffic each caused;
 - end-to-end latency p50/p99: lines produced live carry a unique marker word;
   latency = store time of that word's first count - born time of its line.
 
@@ -19,11 +20,12 @@ import json
 import random
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._engine import percentiles, produce, read_all, run_instance, unique, warm_spark
+from benchmarks._engine import percentiles, produce, read_all, unique, warm_spark
 from benchmarks.broker_roundtrip import measure
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -42,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--live", type=int, default=1_000)
+    parser.add_argument("--lines-per-message", type=int, default=20)
     args = parser.parse_args()
     settings = RocketMQSettings()
     engine = EngineSettings(max_records_per_batch=10_000)
@@ -50,25 +53,38 @@ def main() -> None:
     print(f"baseline broker round trip: {base['roundtrip_msgs_per_s']:.0f} msg/s")
     warm_spark(settings, engine, wordcount.build)
 
-    src = unique("bench-wc-in")
-    with RocketMQAdmin(settings) as admin:
-        admin.create_topic(src, 4)
-    produce(settings, src, lines(args.lines))
+    # Input arrives while the instance runs (pre-shuffle combine applies only to
+    # input newer than the instance's start), LINES_PER_MESSAGE lines a message.
+    text = lines(args.lines)
+    bodies = [
+        b"\n".join(text[i : i + args.lines_per_message])
+        for i in range(0, len(text), args.lines_per_message)
+    ]
     for combine in (True, False):
         job = unique("bench-wc")
-        run = run_instance(
+        src = f"{job}-in"
+        with RocketMQAdmin(settings) as admin:
+            admin.create_topic(src, 4)
+        instance = Instance(
             wordcount.build(job, src, f"{job}-out"),
-            settings,
-            engine.model_copy(update={"pre_combine": combine}),
-            args.lines,
+            rocketmq=settings,
+            engine=engine.model_copy(update={"pre_combine": combine}),
         )
-        stage0 = run.totals[0]
+        instance.start()
+        start = time.perf_counter()
+        produce(settings, src, bodies)
+        instance.await_caught_up(1800, poll_s=0.2)
+        seconds = time.perf_counter() - start
+        instance.stop()
+        stage0, stage1 = instance.metrics[0].totals, instance.metrics[1].totals
+        rate = args.lines / seconds
         print(
             f"wordcount, pre-shuffle combine {'on ' if combine else 'off'}: "
-            f"{run.records_per_s:.0f} lines/s = "
-            f"{run.records_per_s / base['roundtrip_msgs_per_s']:.2f} x broker round trip; "
-            f"shuffle messages {stage0.get('shuffle_messages', 0):.0f}, "
-            f"records into stage 1 {run.totals[1].get('records_in', 0):.0f}"
+            f"{rate:.0f} lines/s ({rate * 8:.0f} words/s) = "
+            f"{rate / base['roundtrip_msgs_per_s']:.2f} x broker round trip; "
+            f"{stage0.get('shuffle_messages', 0):.0f} shuffle messages carrying "
+            f"{stage0.get('shuffle_records', 0):.0f} entries for "
+            f"{stage1.get('records_in', 0):.0f} words"
         )
 
     job = unique("bench-wc-live")

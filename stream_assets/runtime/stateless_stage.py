@@ -80,7 +80,6 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
         for sub, (key, v, ts) in enumerate(keyed):
             target = queue_for_key(encode_key(key), ctx.shuffle_queues)
             per_record[target].append([key, v, ts, record.queue_offset, sub])
-            stats.shuffle_records += 1
         if partials:
             for target in {p[0] for p in partials}:
                 combined_records[target] += 1
@@ -106,7 +105,9 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
                     body = None  # too big to go as one message: fall back to records
             if body is not None:
                 _send(ctx, stats, target, body, queue_id, last_offset)
+                stats.shuffle_records += len(combined[target])
             else:
+                stats.shuffle_records += len(per_record[target])
                 for chunk in _chunks(per_record[target]):
                     _send(
                         ctx, stats, target, encode_records(queue_id, chunk), queue_id, chunk[-1][3]

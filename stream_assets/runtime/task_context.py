@@ -105,7 +105,7 @@ class TaskStats:
     records_in: int = 0
     outputs: int = 0
     shuffle_messages: int = 0
-    shuffle_records: int = 0
+    shuffle_records: int = 0  # entries sent: records, or pre-combined partials
     dead_letters: int = 0
     late: int = 0
     skipped_duplicates: int = 0
