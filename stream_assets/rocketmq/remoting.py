@@ -172,17 +172,26 @@ class RemotingConnection:
             code=code, opaque=next(self._opaques), ext_fields=fields, body=body
         )
         with self._lock:
-            try:
-                sock = self._connect()
-                sock.settimeout(timeout_s or self.timeout_s)
-                sock.sendall(request.encode())
-                while True:
-                    reply = RemotingCommand.decode(self._read_frame(sock))
-                    if reply.flag & _RESPONSE_FLAG and reply.opaque == request.opaque:
-                        return reply
-            except (OSError, ValueError) as exc:
-                self._close()
-                raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
+            # A pooled socket may have been closed by the server while idle (the
+            # name server drops channels idle for 120 s): one retry on a fresh one.
+            attempts = 2 if self._sock is not None else 1
+            for attempt in range(attempts):
+                try:
+                    return self._exchange(request, timeout_s or self.timeout_s)
+                except (OSError, ValueError) as exc:
+                    self._close()
+                    if attempt + 1 == attempts:
+                        raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
+            raise AssertionError("unreachable")
+
+    def _exchange(self, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        sock = self._connect()
+        sock.settimeout(timeout_s)
+        sock.sendall(request.encode())
+        while True:
+            reply = RemotingCommand.decode(self._read_frame(sock))
+            if reply.flag & _RESPONSE_FLAG and reply.opaque == request.opaque:
+                return reply
 
     def close(self) -> None:
         """Close the socket (a later call reconnects)."""

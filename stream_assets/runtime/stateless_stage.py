@@ -45,7 +45,7 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
     )
     per_record: dict[int, list[list[Any]]] = defaultdict(list)
     combined: dict[int, dict[tuple[bytes, Any, Any], list[Any]]] = defaultdict(dict)
-    combined_records: dict[int, int] = defaultdict(int)  # records behind each queue's partials
+    combined_records: dict[int, int] = defaultdict(int)  # keyed records bound for each queue
     last_offset = start - 1
 
     for record in reader.read(ctx.input_queue(queue_id), start, end):
@@ -80,9 +80,8 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
         for sub, (key, v, ts) in enumerate(keyed):
             target = queue_for_key(encode_key(key), ctx.shuffle_queues)
             per_record[target].append([key, v, ts, record.queue_offset, sub])
+            combined_records[target] += 1
         if partials:
-            for target in {p[0] for p in partials}:
-                combined_records[target] += 1
             for target, entry_key, key, acc, ts in partials:
                 slot = combined[target].get(entry_key)
                 if slot is None:

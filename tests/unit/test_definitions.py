@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.schedules import all_scale_schedules, scale_run_config, scale_schedules
+from jobs.schedules import scale_run_config, scale_schedules
 from resources import RocksDBStateStoreResource, SparkResource
 from stream_assets.examples import windowed_sum, wordcount
 from stream_assets.ops.lineage import (
@@ -136,23 +136,25 @@ def test_colliding_names_are_an_error_not_a_merge() -> None:
 
 
 def test_registry_definitions_load() -> None:
-    """What stream_assets/definitions.py assembles from the registry loads cleanly."""
-    topologies = [reg.topology() for reg in REGISTRY.values()]
-    defs = dg.Definitions(
-        assets=lineage_asset_specs(topologies),
-        jobs=[scale_job],
-        schedules=all_scale_schedules(REGISTRY.values(), scale_job),
-        resources={"spark": SparkResource(), "state_store": RocksDBStateStoreResource()},
-    )
+    """The code location workspace.yaml loads: assets, jobs, sensor, schedules, resources."""
+    from stream_assets.definitions import defs
+
     dg.Definitions.validate_loadable(defs)
     assert {"wordcount", "windowed-sum"} <= set(REGISTRY)
     specs = defs.resolve_all_asset_specs()
     assert len(specs) == len({s.key for s in specs})
     repo = defs.get_repository_def()
+    assert {"instance_job", "scale_job", "roundtrip_job"} <= {j.name for j in repo.get_all_jobs()}
+    assert {s.name for s in repo.sensor_defs} == {"supervisor_sensor"}
     assert {s.name for s in repo.schedule_defs} == {
         "scale_wordcount_0_to_2",
         "scale_wordcount_1_to_1",
     }
+    # Lineage through the real definitions: source -> topology -> shuffle/state/sink.
+    graph = defs.resolve_asset_graph()
+    wc = dg.AssetKey(["topologies", "wordcount"])
+    assert graph.get(wc).parent_keys == {dg.AssetKey(["topics", "sourceTopic"])}
+    assert dg.AssetKey(["topics", "wordcount_out"]) in graph.get(wc).child_keys
 
 
 def test_registration_checks_its_topology() -> None:
