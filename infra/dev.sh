@@ -60,7 +60,7 @@ case "${1:-}" in
     setup
     stream-assets broker start
     dagster job execute -m stream_assets.definitions -j roundtrip_job
-    stream-assets run wordcount --demo-lines 20000
+    dagster job execute -m stream_assets.definitions -j wordcount_demo_job
     ;;
   test)
     setup

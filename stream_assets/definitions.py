@@ -8,6 +8,7 @@ job the supervisor launches, the scale job, and the topology's scale schedules.
 import dagster as dg
 
 from jobs import all_scale_schedules, roundtrip_job
+from jobs.demo import wordcount_demo_job
 from jobs.instance_job import instance_job
 from jobs.scale import scale_job
 from jobs.supervisor import supervisor_sensor
@@ -16,7 +17,7 @@ from stream_assets.ops import REGISTRY, lineage_asset_specs
 
 defs = dg.Definitions(
     assets=lineage_asset_specs(reg.topology() for reg in REGISTRY.values()),
-    jobs=[roundtrip_job, instance_job, scale_job],
+    jobs=[roundtrip_job, wordcount_demo_job, instance_job, scale_job],
     schedules=all_scale_schedules(REGISTRY.values(), scale_job),
     sensors=[supervisor_sensor],
     resources={

@@ -244,8 +244,14 @@ def test_scale_1_3_2_with_crash_and_cancel_keeps_counts_exact(
     )
     feed(4, 1500)
 
-    # Cancel a run from Dagster: it finishes its batch and ends CANCELED.
-    target = _instance_runs(instance, name, dg.DagsterRunStatus.STARTED)[0]
+    # Cancel a running instance (one that heartbeats: past its Spark start-up) from
+    # Dagster: it finishes its batch and ends CANCELED.
+    def beating() -> list[dg.DagsterRun]:
+        runs = _instance_runs(instance, name, dg.DagsterRunStatus.STARTED)
+        beats = heartbeats(instance, [r.run_id for r in runs]) if runs else {}
+        return [r for r in runs if r.run_id in beats and r.run_id != victim.run_id]
+
+    target = wait_until(beating, 180, "a running instance")[0]
     instance.run_coordinator.cancel_run(target.run_id)
     wait_until(
         lambda: instance.get_run_by_id(target.run_id).status == dg.DagsterRunStatus.CANCELED,
