@@ -102,11 +102,10 @@ class Sum(Accumulator):
 
 
 @dataclass
-class Min(Accumulator):
-    """Smallest value (None when empty)."""
+class _Extreme(Accumulator):
+    """Min or max: the accumulator is the best value so far (None when empty)."""
 
     extract: Extractor
-    kind = "min"
 
     def zero(self) -> Any:
         return None
@@ -119,28 +118,30 @@ class Min(Accumulator):
             return b
         if b is None:
             return a
-        return b if b < a else a
+        return b if self._better(b, a) else a
+
+    def _better(self, x: Any, y: Any) -> bool:
+        raise NotImplementedError
 
 
 @dataclass
-class Max(Accumulator):
+class Min(_Extreme):
+    """Smallest value (None when empty)."""
+
+    kind = "min"
+
+    def _better(self, x: Any, y: Any) -> bool:
+        return bool(x < y)
+
+
+@dataclass
+class Max(_Extreme):
     """Largest value (None when empty)."""
 
-    extract: Extractor
     kind = "max"
 
-    def zero(self) -> Any:
-        return None
-
-    def add(self, acc: Any, value: Any) -> Any:
-        return self.merge(acc, self.extract(value))
-
-    def merge(self, a: Any, b: Any) -> Any:
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return b if b > a else a
+    def _better(self, x: Any, y: Any) -> bool:
+        return bool(x > y)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
 from stream_assets.settings import RocketMQSettings
+from tests.integration._util import wait_for
 
 T = TypeVar("T")
 
@@ -189,11 +190,4 @@ def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, A
 
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:
     """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(poll_s)
+    return wait_for(condition, timeout_s, what, interval_s=poll_s)
