@@ -35,6 +35,16 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 
 
+def normalize_msg_id(raw: str) -> str:
+    """The message id as the C++ client's send result reports it.
+
+    That client now and then stores a malformed unique id: a blank, or a blank
+    and a zero byte and more (seen about once in 100k sends). Its send result
+    is the C string, cut at the zero byte; read ids are cut the same way.
+    """
+    return raw.split("\x00", 1)[0].strip()
+
+
 def decode_properties(text: str) -> dict[str, str]:
     """Parse the ``k\\x01v\\x02`` property string."""
     props: dict[str, str] = {}
@@ -103,9 +113,7 @@ def decode_messages(buf: bytes) -> list[Record]:
                 properties=props,
                 born_timestamp=born_ts,
                 store_timestamp=store_ts,
-                # The C++ client now and then stores its unique id with a trailing
-                # blank (seen once in 100k sends); its send result has none.
-                msg_id=props.get(PROPERTY_UNIQ_KEY, "").strip(),
+                msg_id=normalize_msg_id(props.get(PROPERTY_UNIQ_KEY, "")),
             )
         )
         pos += total

@@ -39,6 +39,7 @@ from tenacity import (
 from stream_assets.rocketmq.admin import RocketMQAdmin, TopicRoute, validate_topic_name
 from stream_assets.rocketmq.errors import MessageTooLargeError, RocketMQError, SendError
 from stream_assets.rocketmq.hashing import key_hash
+from stream_assets.rocketmq.message_codec import normalize_msg_id
 from stream_assets.rocketmq.records import SendReceipt
 from stream_assets.settings import RocketMQSettings
 
@@ -215,5 +216,7 @@ class Producer:
             if cres.sendStatus != rmq.SendStatus.OK:
                 raise _TransientSendError(f"broker answered {rmq.SendStatus(cres.sendStatus).name}")
             return rmq.SendResult(
-                rmq.SendStatus(cres.sendStatus), cres.msgId.decode("utf-8"), cres.offset
+                rmq.SendStatus(cres.sendStatus),
+                normalize_msg_id(cres.msgId.decode("utf-8", errors="replace")),
+                cres.offset,
             )

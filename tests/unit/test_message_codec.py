@@ -293,3 +293,13 @@ def test_bad_magic_in_a_later_message_raises() -> None:
     struct.pack_into(">I", second, 4, 0xDAA320AA)  # neither V1 nor V2
     with pytest.raises(ValueError, match=f"byte {len(first)}"):
         decode_messages(first + bytes(second))
+
+
+def test_malformed_client_ids_are_cut_like_the_send_result() -> None:
+    from stream_assets.rocketmq.message_codec import normalize_msg_id
+
+    assert normalize_msg_id("0100007F00007F6D00008E \x00E16C9800") == "0100007F00007F6D00008E"
+    assert normalize_msg_id("0100007F00005977000031 ") == "0100007F00005977000031"
+    assert (
+        normalize_msg_id("0100007F000038C400001143896C1400") == "0100007F000038C400001143896C1400"
+    )
