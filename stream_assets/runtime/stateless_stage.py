@@ -71,9 +71,7 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
                     ) from exc
             # Also without combining: an aggregate that cannot take a value fails
             # here, where the dead letter still has the record's original bytes.
-            partials = _partials(agg, keyed, ctx.shuffle_queues) if agg is not None else None
-            if not combine:
-                partials = None
+            partials = _partials(agg, keyed, ctx.shuffle_queues) if agg is not None else []
         except UserFunctionError as err:
             ctx.dead_letter(stats, record, err.op_id, err.cause)
             continue
@@ -81,7 +79,7 @@ def run_stateless(ctx: TaskContext, queue_id: int, start: int, end: int) -> Task
             target = queue_for_key(encode_key(key), ctx.shuffle_queues)
             per_record[target].append([key, v, ts, record.queue_offset, sub])
             combined_records[target] += 1
-        if partials:
+        if combine:
             for target, entry_key, key, acc, ts in partials:
                 slot = combined[target].get(entry_key)
                 if slot is None:
