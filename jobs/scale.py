@@ -90,9 +90,11 @@ def scale(
         with RocketMQAdmin(settings) as admin:
             admin.master_brokers()
             source_queues = [q.queue_id for q in admin.queues(topology.source_topic)]
-        Instance(
-            topology, rocketmq=settings, engine=engine, progress=context.log.info
-        ).prepare_topics()
+        topics = Instance(topology, rocketmq=settings, engine=engine, progress=context.log.info)
+        try:
+            topics.prepare_topics()
+        finally:
+            topics.close()
     except (RocketMQError, ValueError) as exc:
         raise _fail(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc
 

@@ -89,33 +89,42 @@ class Instance:
         self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
         self._spark: Any = None
         self._broker_name = ""
+        # One control-plane client for the instance's life: offsets are
+        # committed after every batch and lag is polled often.
+        self._admin_obj: RocketMQAdmin | None = None
         self._source_queues: tuple[int, ...] = ()
+
+    @property
+    def _admin(self) -> RocketMQAdmin:
+        if self._admin_obj is None:
+            self._admin_obj = RocketMQAdmin(self.rocketmq)
+        return self._admin_obj
 
     # -- topics ------------------------------------------------------------
 
     def prepare_topics(self) -> None:
         """Check the source exists; create shuffle, state, sink, dead-letter topics if missing."""
-        with RocketMQAdmin(self.rocketmq) as admin:
-            route = admin.route(self.topology.source_topic)  # TopicNotFoundError names it
-            self._broker_name = sorted(route.brokers)[0]
-            self._source_queues = tuple(q.queue_id for q in route.read_queues)
-            wanted = {t: self.engine.shuffle_queues for t in self.topology.shuffle_topics}
-            wanted |= {t: self.engine.shuffle_queues for t in self.topology.state_topics}
-            for t in (*self.topology.sink_topics, *self.topology.late_topics):
-                wanted.setdefault(t, self.engine.sink_queues)
-            wanted.setdefault(self.topology.dead_letter_topic, 1)
-            for topic, queues in wanted.items():
-                if not admin.topic_exists(topic):
-                    self.progress(f"creating topic {topic} ({queues} queues)")
-                    admin.create_topic(topic, queues)
-                elif topic in self.topology.shuffle_topics or topic in self.topology.state_topics:
-                    have = admin.route(topic).write_queue_count
-                    if have != queues:
-                        raise ValueError(
-                            f"topic {topic} has {have} queues but the engine is configured for "
-                            f"{queues} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a job keeps its "
-                            "shuffle queue count for life"
-                        )
+        admin = self._admin
+        route = admin.route(self.topology.source_topic)  # TopicNotFoundError names it
+        self._broker_name = sorted(route.brokers)[0]
+        self._source_queues = tuple(q.queue_id for q in route.read_queues)
+        wanted = {t: self.engine.shuffle_queues for t in self.topology.shuffle_topics}
+        wanted |= {t: self.engine.shuffle_queues for t in self.topology.state_topics}
+        for t in (*self.topology.sink_topics, *self.topology.late_topics):
+            wanted.setdefault(t, self.engine.sink_queues)
+        wanted.setdefault(self.topology.dead_letter_topic, 1)
+        for topic, queues in wanted.items():
+            if not admin.topic_exists(topic):
+                self.progress(f"creating topic {topic} ({queues} queues)")
+                admin.create_topic(topic, queues)
+            elif topic in self.topology.shuffle_topics or topic in self.topology.state_topics:
+                have = admin.route(topic).write_queue_count
+                if have != queues:
+                    raise ValueError(
+                        f"topic {topic} has {have} queues but the engine is configured for "
+                        f"{queues} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a job keeps its "
+                        "shuffle queue count for life"
+                    )
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -199,8 +208,8 @@ class Instance:
         )
 
     def _current_ends(self, stage: Stage) -> tuple[tuple[int, int], ...]:
-        with RocketMQAdmin(self.rocketmq) as admin:
-            return tuple((q.queue_id, admin.max_offset(q)) for q in admin.queues(stage.input_topic))
+        admin = self._admin
+        return tuple((q.queue_id, admin.max_offset(q)) for q in admin.queues(stage.input_topic))
 
     def _batch_fn(self, template: TaskContext) -> Callable[[Any, int], None]:
         seen: set[int] = set()  # queues some batch of this query has processed
@@ -222,10 +231,10 @@ class Instance:
         Spark's own source commit would come only when the next batch is
         planned, i.e. never for the last batch before a quiet period.
         """
-        with RocketMQAdmin(self.rocketmq) as admin:
-            for row in rows:
-                queue = MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"]))
-                admin.commit_consumer_offset(self.group, queue, int(row["end_offset"]))
+        admin = self._admin
+        for row in rows:
+            queue = MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"]))
+            admin.commit_consumer_offset(self.group, queue, int(row["end_offset"]))
 
     def _record(self, stage: int, rows: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -254,17 +263,17 @@ class Instance:
     def lag_by_queue(self) -> dict[str, dict[int, int]]:
         """Messages not yet committed, per stage input topic and assigned queue."""
         out: dict[str, dict[int, int]] = {}
-        with RocketMQAdmin(self.rocketmq) as admin:
-            for stage in self.topology.stages:
-                wanted = self._queues_of(stage.input_topic)
-                per_queue: dict[int, int] = {}
-                for q in admin.queues(stage.input_topic):
-                    if wanted is not None and q.queue_id not in wanted:
-                        continue
-                    committed = admin.query_consumer_offset(self.group, q)
-                    floor = committed if committed is not None else admin.min_offset(q)
-                    per_queue[q.queue_id] = max(0, admin.max_offset(q) - floor)
-                out[stage.input_topic] = per_queue
+        admin = self._admin
+        for stage in self.topology.stages:
+            wanted = self._queues_of(stage.input_topic)
+            per_queue: dict[int, int] = {}
+            for q in admin.queues(stage.input_topic):
+                if wanted is not None and q.queue_id not in wanted:
+                    continue
+                committed = admin.query_consumer_offset(self.group, q)
+                floor = committed if committed is not None else admin.min_offset(q)
+                per_queue[q.queue_id] = max(0, admin.max_offset(q) - floor)
+            out[stage.input_topic] = per_queue
         return out
 
     def lag(self) -> dict[str, int]:
@@ -322,6 +331,9 @@ class Instance:
         """Stop the queries and the SparkSession."""
         if self._queries:
             self.stop()
+        if self._admin_obj is not None:
+            self._admin_obj.close()
+            self._admin_obj = None
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
