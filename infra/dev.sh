@@ -51,6 +51,11 @@ setup_env() {
   mkdir -p "$DAGSTER_HOME"
   [ -f "$DAGSTER_HOME/dagster.yaml" ] || cp infra/dagster/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
   export PATH="$VENV/bin:$PATH"
+  # Create the SQLite storage once, here: `dagster dev` starts its webserver and
+  # daemon together, and two processes initialising a fresh home at once can
+  # both stamp the schema version, after which every open fails
+  # (dagster-io/dagster#27390).
+  [ -d "$DAGSTER_HOME/history" ] || dagster instance migrate >/dev/null
 }
 
 setup() { need_system_packages; setup_python; setup_env; }

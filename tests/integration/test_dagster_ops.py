@@ -73,6 +73,10 @@ def dagster_env(
     name = f"it-dg-{run_id}"
     dt.NAME = name
     REGISTRY[name] = type(dt.REGISTRATIONS[0])(name, dt.build)
+    # Create the SQLite storage here, before the daemon opens the same home:
+    # two processes initialising it at once can both stamp the alembic version
+    # table, and every later open fails (dagster-io/dagster#27390).
+    instance = dg.DagsterInstance.get()
     log = (home / "daemon.log").open("w")
     daemon = subprocess.Popen(
         [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
@@ -82,9 +86,8 @@ def dagster_env(
         start_new_session=True,
     )
     try:
-        yield {"home": home, "name": name, "instance": dg.DagsterInstance.get()}
+        yield {"home": home, "name": name, "instance": instance}
     finally:
-        instance = dg.DagsterInstance.get()
         for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
             if not run.is_finished:
                 instance.run_coordinator.cancel_run(run.run_id)
@@ -94,6 +97,7 @@ def dagster_env(
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
         log.close()
+        instance.dispose()
         REGISTRY.pop(name, None)
         for k, v in saved.items():
             if v is None:
@@ -102,14 +106,20 @@ def dagster_env(
                 os.environ[k] = v
 
 
-def _scale(target: int, topology: str, **extra: Any) -> dg.ExecuteInProcessResult:
+def _scale(
+    instance: dg.DagsterInstance,
+    target: int,
+    topology: str,
+    resources: dict[str, Any] | None = None,
+) -> dg.ExecuteInProcessResult:
     from stream_assets.definitions import defs
 
-    config: dict[str, Any] = {"topology": topology, "target_instances": target, **extra}
+    config: dict[str, Any] = {"topology": topology, "target_instances": target}
+    run_config: dict[str, Any] = {"ops": {"scale": {"config": config}}}
+    if resources:
+        run_config["resources"] = resources
     return defs.get_job_def("scale_job").execute_in_process(
-        run_config={"ops": {"scale": {"config": config}}},
-        instance=dg.DagsterInstance.get(),
-        raise_on_error=False,
+        run_config=run_config, instance=instance, raise_on_error=False
     )
 
 
@@ -154,26 +164,18 @@ def _drained(admin: RocketMQAdmin, group: str, topics: list[str]) -> bool:
 def test_bad_scale_requests_fail_clearly_and_change_nothing(
     dagster_env: dict[str, Any],
 ) -> None:
-    name = dagster_env["name"]
-    store = DesiredStateStore(dagster_env["instance"])
+    name, instance = dagster_env["name"], dagster_env["instance"]
+    store = DesiredStateStore(instance)
     before = store.get(name)
+    unreachable = {"rocketmq": {"config": {"namesrv_addr": "127.0.0.1:1", "request_timeout_s": 1}}}
     cases = [
-        (_scale(2, "no-such-topology"), "unknown topology 'no-such-topology'"),
-        (_scale(0, name), "target_instances must be at least 1"),
+        (_scale(instance, 2, "no-such-topology"), "unknown topology 'no-such-topology'"),
+        (_scale(instance, 0, name), "target_instances must be at least 1"),
+        (
+            _scale(instance, 1, name, resources=unreachable),
+            "cannot reach RocketMQ name server at 127.0.0.1:1",
+        ),
     ]
-    from stream_assets.definitions import defs
-
-    unreachable = defs.get_job_def("scale_job").execute_in_process(
-        run_config={
-            "ops": {"scale": {"config": {"topology": name, "target_instances": 1}}},
-            "resources": {
-                "rocketmq": {"config": {"namesrv_addr": "127.0.0.1:1", "request_timeout_s": 1.0}}
-            },
-        },
-        instance=dg.DagsterInstance.get(),
-        raise_on_error=False,
-    )
-    cases.append((unreachable, "cannot reach RocketMQ name server at 127.0.0.1:1"))
     for result, message in cases:
         assert not result.success
         failure = next(e for e in result.all_events if e.is_step_failure)
@@ -196,13 +198,13 @@ def test_scale_1_3_2_with_crash_and_cancel_keeps_counts_exact(
         _send(client_settings, source, lines, f"s{seed}-")
 
     feed(1, 1500)
-    first = _scale(1, name)
+    first = _scale(instance, 1, name)
     assert first.success, first.all_events
     md = _metadata(first)
     assert md["instances_after"] == 1 and md["runs_stopped"] == 0
 
     feed(2, 1500)
-    out = _scale(3, name)
+    out = _scale(instance, 3, name)
     assert out.success
     md = _metadata(out)
     moved = md["moves"]
@@ -214,7 +216,7 @@ def test_scale_1_3_2_with_crash_and_cancel_keeps_counts_exact(
     assert md["runs_stopped"] == 1 and md["pause_s"] > 0
 
     feed(3, 1500)
-    back = _scale(2, name)
+    back = _scale(instance, 2, name)
     assert back.success
     md = _metadata(back)
     assert md["instances_after"] == 2
