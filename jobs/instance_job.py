@@ -31,6 +31,7 @@ from stream_assets.ops.desired_state import DesiredStateStore, record_heartbeat
 from stream_assets.ops.lineage import topic_asset_key
 from stream_assets.ops.registry import (
     GENERATION_TAG,
+    IDLE_TAG,
     INSTANCE_INDEX_TAG,
     TOPOLOGY_TAG,
     registration,
@@ -69,13 +70,18 @@ def instance_run_config(
     }
 
 
-def instance_run_tags(topology: str, generation: int, index: int) -> dict[str, str]:
-    """Run tags the supervisor and the scale job find instance runs by."""
-    return {
+def instance_run_tags(
+    topology: str, generation: int, index: int, assignment: dict[str, list[int]]
+) -> dict[str, str]:
+    """Run tags the supervisor and the scale job find instance runs by (and idle ones marked)."""
+    tags = {
         TOPOLOGY_TAG: topology,
         GENERATION_TAG: str(generation),
         INSTANCE_INDEX_TAG: str(index),
     }
+    if not any(assignment.values()):
+        tags[IDLE_TAG] = "true"
+    return tags
 
 
 @dg.op

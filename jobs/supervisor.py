@@ -137,13 +137,12 @@ def plan_topology(
                 },
             )
         )
+        share = allocation.for_instance(index)
         yield dg.RunRequest(
             run_key=f"{name}:g{allocation.generation}:i{index}:a{attempts}",
             job_name=INSTANCE_JOB,
-            run_config=instance_run_config(
-                name, allocation.generation, index, allocation.for_instance(index)
-            ),
-            tags=instance_run_tags(name, allocation.generation, index),
+            run_config=instance_run_config(name, allocation.generation, index, share),
+            tags=instance_run_tags(name, allocation.generation, index, share),
         )
 
 

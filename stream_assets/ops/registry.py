@@ -32,6 +32,9 @@ TOPOLOGY_TAG = "stream_assets/topology"
 GENERATION_TAG = "stream_assets/generation"
 #: Run tag: the instance index (position in the allocation) of an instance run.
 INSTANCE_INDEX_TAG = "stream_assets/instance"
+#: Run tag, ``"true"`` on an instance run that owns no queue (more instances than queues),
+#: so the Dagster UI's run list shows idle instances as such.
+IDLE_TAG = "stream_assets/idle"
 #: Run tag: the instance count a scale run was asked for.
 TARGET_INSTANCES_TAG = "stream_assets/target_instances"
 
