@@ -37,6 +37,7 @@ from stream_assets.ops.registry import (
     registration,
 )
 from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.outage import TRANSIENT
 
 INSTANCE_JOB = "instance_job"
 
@@ -170,17 +171,23 @@ def _supervise(
             )
         ):
             return f"superseded by generation {state.allocation.generation}"
-        lag = inst.lag_by_queue()
+        lag: dict[str, dict[int, int]] | None
+        try:
+            lag = inst.lag_by_queue()
+        except TRANSIENT as exc:
+            # Keep beating: the stage queries ride out the outage on their own.
+            context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
+            lag = None
         record_heartbeat(
             context.instance,
             config.topology,
             config.generation,
             config.instance_index,
             context.run_id,
-            lag={t: sum(q.values()) for t, q in lag.items()},
+            lag={t: sum(q.values()) for t, q in (lag or {}).items()},
         )
         now = time.monotonic()
-        if now - last_metrics >= config.metrics_interval_s:
+        if lag is not None and now - last_metrics >= config.metrics_interval_s:
             _observe(context, inst, lag, last_totals, now - last_metrics if last_metrics else 0.0)
             last_totals = {i: dict(m.totals) for i, m in inst.metrics.items()}
             last_metrics = now

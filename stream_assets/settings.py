@@ -160,6 +160,12 @@ class EngineSettings(BaseSettings):
     pre_combine: bool = Field(
         default=True, description="Pre-aggregate decomposable aggregates before the shuffle."
     )
+    broker_outage_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="How long a running instance retries (with backoff) while the broker is "
+        "unreachable before its query fails; 0 fails at once.",
+    )
 
     def resolved_state_dir(self) -> Path:
         """The state root, defaulting under the project-local dir."""

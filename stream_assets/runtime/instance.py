@@ -25,6 +25,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import pyarrow as pa
 
 from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.source import RocketMQDataSource
 from stream_assets.runtime.stateful_stage import run_stateful
 from stream_assets.runtime.stateless_stage import run_stateless
@@ -170,6 +172,7 @@ class Instance:
             .option("namesrv_addr", self.rocketmq.namesrv_addr)
             .option("rows", "ranges")
             .option("max_records_per_batch", str(self.engine.max_records_per_batch))
+            .option("broker_outage_s", str(self.engine.broker_outage_s))
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
@@ -196,6 +199,7 @@ class Instance:
             combine_from=self._current_ends(stage) if stage.index == 0 else (),
             source_queues=self._source_queues,
             generation=self.generation,
+            broker_outage_s=self.engine.broker_outage_s,
         )
         checkpoint = self._checkpoints / f"stage-{stage.index}"
         return (
@@ -219,7 +223,12 @@ class Instance:
                 raise StopRequested()
             ctx = replace(template, seen_queues=frozenset(seen))
             rows = [r.asDict() for r in df.mapInArrow(_task(ctx), STATS_DDL).collect()]
-            self._commit(ctx.stage, rows)
+            ride_out_outage(
+                lambda: self._commit(ctx.stage, rows),
+                budget_s=self.engine.broker_outage_s,
+                what=f"{self.topology.job_id} stage {ctx.stage.index}: offset commit",
+                log=self.progress,
+            )
             self._record(ctx.stage.index, rows)
             seen.update(int(row["queue_id"]) for row in rows)
 
@@ -296,15 +305,17 @@ class Instance:
     def await_caught_up(self, timeout_s: float, poll_s: float = 0.5) -> dict[str, int]:
         """Wait until every stage has committed everything currently in its input."""
         deadline = time.monotonic() + timeout_s
+        quiet_rounds = 0
         while True:
             self.check_failed()
-            lag = self.lag()
-            if all(v == 0 for v in lag.values()):
-                # Stage 0 may have just sent to the shuffle: recheck after one more round.
-                time.sleep(poll_s)
-                lag = self.lag()
-                if all(v == 0 for v in lag.values()):
-                    return lag
+            try:
+                lag: dict[str, int] = self.lag()
+            except TRANSIENT as exc:  # a restarting broker: not caught up yet
+                lag = {f"unknown ({exc})": 1}
+            # Stage 0 may have just sent to the shuffle: zero twice in a row.
+            quiet_rounds = quiet_rounds + 1 if all(v == 0 for v in lag.values()) else 0
+            if quiet_rounds == 2:
+                return lag
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{self.topology.job_id}: still lagging after {timeout_s}s: {lag}"
@@ -345,7 +356,12 @@ def _task(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
-                stats: TaskStats = run(ctx, row["queue_id"], row["start"], row["end"])
+                # A queue's batch commits all or nothing: repeating it is a replay.
+                stats: TaskStats = ride_out_outage(
+                    partial(run, ctx, row["queue_id"], row["start"], row["end"]),
+                    budget_s=ctx.broker_outage_s,
+                    what=f"{ctx.job_id} stage {ctx.stage.index} queue {row['queue_id']}",
+                )
                 yield stats.to_batch()
 
     return task

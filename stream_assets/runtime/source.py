@@ -47,6 +47,7 @@ from pyspark.sql.types import (
 )
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.runtime.outage import ride_out_outage
 from stream_assets.settings import RocketMQSettings
 
 MESSAGE_SCHEMA = StructType(
@@ -91,6 +92,7 @@ class SourceOptions:
     rows: str
     max_records_per_batch: int
     tick_ms: int
+    broker_outage_s: float
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -111,6 +113,7 @@ class SourceOptions:
             rows=rows,
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
             tick_ms=int(options.get("tick_ms", "0")),
+            broker_outage_s=float(options.get("broker_outage_s", "0")),
         )
 
     def settings(self) -> RocketMQSettings:
@@ -173,7 +176,11 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin: dict[str, int] = start["q"]
-        available = {self._key(q): self._admin.max_offset(q) for q in self._queues}
+        available = ride_out_outage(
+            lambda: {self._key(q): self._admin.max_offset(q) for q in self._queues},
+            budget_s=self.opts.broker_outage_s,
+            what=f"source {self.opts.topic}: latest offsets",
+        )
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end = _cap(begin, available, budget)
         tick = int(start.get("tick", 0))

@@ -55,6 +55,8 @@ class TaskContext:
     #: checks local state against the state topic.
     seen_queues: frozenset[int] = frozenset()
     generation: int = 0
+    #: Seconds a task retries while the broker is unreachable (runtime/outage.py).
+    broker_outage_s: float = 0.0
 
     def may_combine(self, queue_id: int, start: int) -> bool:
         """Whether the batch of ``queue_id`` starting at ``start`` may be pre-combined."""
