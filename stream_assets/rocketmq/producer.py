@@ -44,6 +44,9 @@ from stream_assets.rocketmq.records import SendReceipt
 from stream_assets.settings import RocketMQSettings
 
 _LOG_LEVEL_WARN = 3
+#: librocketmq's client start/shutdown is not thread-safe: two producers started
+#: at once from two threads of one process segfaulted (inside ``Producer.start``).
+_LIFECYCLE = threading.Lock()
 # The ffi module leaves this one undeclared; without argtypes ctypes would
 # truncate the 64-bit handle to a C int.
 dll.SetProducerCompressMsgBodyOverHowmuch.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -89,6 +92,11 @@ class Producer:
     def start(self) -> Producer:
         """Check the name server answers (bounded), then start the client."""
         self._admin.master_brokers()  # raises BrokerUnreachableError naming the address
+        with _LIFECYCLE:
+            self._client = self._started_client()
+        return self
+
+    def _started_client(self) -> Any:
         client = rmq.Producer(
             f"{self._group}",
             timeout=self.settings.send_timeout_ms,
@@ -111,13 +119,13 @@ class Producer:
                 "ALIYUN",
             )
         client.start()
-        self._client = client
-        return self
+        return client
 
     def close(self) -> None:
         """Shut the client down."""
         if self._client is not None:
-            self._client.shutdown()
+            with _LIFECYCLE:
+                self._client.shutdown()
             self._client = None
         if self._owns_admin:
             self._admin.close()
