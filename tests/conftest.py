@@ -42,6 +42,14 @@ def broker() -> Iterator[LocalBroker]:
         local.stop()
 
 
+@pytest.fixture
+def restartable(broker: LocalBroker) -> Iterator[LocalBroker]:
+    """The session broker; serving again after the test even if the test failed mid-restart."""
+    yield broker
+    if not broker.status().serving:
+        broker.start()
+
+
 @pytest.fixture(scope="session")
 def client_settings(broker: LocalBroker) -> RocketMQSettings:
     """Client settings pointing at the test broker."""

@@ -6,33 +6,18 @@ later tests reuse it once it serves again.
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import random
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from stream_assets.broker.local import LocalBroker
-from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
 from stream_assets.settings import RocketMQSettings
-from tests.integration._engine_util import (
-    Message,
-    final_counts,
-    produce,
-    read_topic,
-    unique,
-    wait_until,
-)
 from tests.integration._util import wait_for
-from tests.integration.conftest import EngineHarness
 
 pytestmark = pytest.mark.integration
 
@@ -59,14 +44,6 @@ def read_everything(admin: RocketMQAdmin, queues: list[MessageQueue]) -> dict[in
         return {q.queue_id: list(reader.read(q, 0)) for q in queues}
     finally:
         reader.close()
-
-
-@pytest.fixture
-def restartable(broker: LocalBroker) -> Iterator[LocalBroker]:
-    """The session broker; serving again after the test even if the test failed mid-restart."""
-    yield broker
-    if not broker.status().serving:
-        broker.start()
 
 
 def test_messages_and_committed_offsets_survive_restart(
@@ -148,44 +125,3 @@ def test_messages_and_committed_offsets_survive_restart(
             receipt = producer.send(topic, body_for(MESSAGES), key=key_for(0))
         expected_queue = reference_queue(key_for(0), QUEUES)
         assert (receipt.queue_id, receipt.queue_offset) == (expected_queue, counts[expected_queue])
-
-
-def test_wordcount_running_through_a_broker_restart_counts_exactly(
-    restartable: LocalBroker,
-    engine: EngineHarness,
-    admin: RocketMQAdmin,
-    client_settings: RocketMQSettings,
-    tmp_path: Path,
-) -> None:
-    job = unique("it-brk")
-    source, sink = f"{job}-src", f"{job}-out"
-    admin.create_topic(source, 4)
-    rnd = random.Random(5)
-    vocab = [f"v{i:03d}" for i in range(200)]
-    lines = [" ".join(rnd.choices(vocab, k=6)) for _ in range(12_000)]
-    first, second = lines[:8_000], lines[8_000:]
-
-    def messages(part: list[str], tag: str) -> list[Message]:
-        return [
-            Message("\n".join(part[i : i + 4]).encode(), key=f"{tag}{i}")
-            for i in range(0, len(part), 4)
-        ]
-
-    produce(client_settings, source, messages(first, "a"), threads=2)
-    topology = wordcount.build(job, source, sink)
-    inst = engine.start(engine.instance(topology, tmp_path / "state", max_records_per_batch=100))
-
-    def committed() -> int:
-        return sum(admin.query_consumer_offset(job, q) or 0 for q in admin.queues(source))
-
-    wait_until(lambda: committed() > 0, 180, "first progress")
-    at_restart = committed()
-    assert at_restart < len(first) // 4, "the input was consumed before the restart"
-    t0 = time.monotonic()
-    restartable.stop()
-    restartable.start()
-    print(f"broker restart took {time.monotonic() - t0:.1f}s, at {at_restart} of {len(first) // 4}")
-    produce(client_settings, source, messages(second, "b"), threads=2)
-    inst.await_caught_up(300)
-    expected = collections.Counter(w for line in lines for w in line.split())
-    assert final_counts(read_topic(admin, sink)) == dict(expected)
