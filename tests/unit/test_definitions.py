@@ -1,8 +1,6 @@
 """The Dagster surface built from the registry: topic lineage, schedules, resources."""
 
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -26,15 +24,6 @@ from stream_assets.ops.registry import (
     TopologyRegistration,
 )
 from stream_assets.state.store import QueueStateStore
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No STREAM_ASSETS_* variable of the calling shell leaks into these tests."""
-    for name in list(os.environ):
-        if name.startswith("STREAM_ASSETS_"):
-            monkeypatch.delenv(name)
-    yield
 
 
 # A stand-in for the real scale job: same job name, op name and op config.

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,6 @@ from stream_assets.settings import (
     RocketMQSettings,
     local_dir,
 )
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No STREAM_ASSETS_* variable of the calling shell leaks into these tests."""
-    for name in list(os.environ):
-        if name.startswith("STREAM_ASSETS_"):
-            monkeypatch.delenv(name)
-    yield
 
 
 def test_defaults() -> None:
