@@ -82,6 +82,23 @@ def run_instance(
     return EngineRun(records, seconds, totals)
 
 
+def run_live(
+    topology: Topology, settings: RocketMQSettings, engine: EngineSettings, bodies: Sequence[bytes]
+) -> tuple[list[Record], list[Record]]:
+    """Produce ``bodies`` one by one while an instance runs; (source, first sink) records.
+
+    For latency: each output's store time against its input's born time.
+    """
+    with RocketMQAdmin(settings) as admin:
+        admin.create_topic(topology.source_topic, 4)
+    instance = Instance(topology, rocketmq=settings, engine=engine)
+    instance.start()
+    produce(settings, topology.source_topic, bodies, threads=1)
+    instance.await_caught_up(600, poll_s=0.2)
+    instance.stop()
+    return read_all(settings, topology.source_topic), read_all(settings, topology.sink_topics[0])
+
+
 def read_all(settings: RocketMQSettings, topic: str) -> list[Record]:
     """Every record of ``topic``."""
     with RocketMQAdmin(settings) as admin:

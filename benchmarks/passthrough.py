@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._engine import percentiles, produce, read_all, run_instance, unique, warm_spark
+from benchmarks._engine import (
+    percentiles,
+    produce,
+    run_instance,
+    run_live,
+    unique,
+    warm_spark,
+)
 from benchmarks.broker_roundtrip import measure
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.runtime.instance import Instance
 from stream_assets.serde import bytes_deserializer, text_serializer
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
@@ -70,19 +75,12 @@ def main() -> None:
     )
 
     job = unique("bench-pass-live")
-    src, out = f"{job}-in", f"{job}-out"
-    with RocketMQAdmin(settings) as admin:
-        admin.create_topic(src, 4)
-    instance = Instance(build(job, src, out), rocketmq=settings, engine=engine)
-    instance.start()
-    feeder = threading.Thread(target=produce, args=(settings, src, [body] * args.live, 1))
-    feeder.start()
-    feeder.join()
-    instance.await_caught_up(600, poll_s=0.2)
-    instance.stop()
-    born = {(r.queue_id, r.queue_offset): r.born_timestamp for r in read_all(settings, src)}
+    inputs, outputs = run_live(
+        build(job, f"{job}-in", f"{job}-out"), settings, engine, [body] * args.live
+    )
+    born = {(r.queue_id, r.queue_offset): r.born_timestamp for r in inputs}
     latencies = []
-    for r in read_all(settings, out):
+    for r in outputs:
         # key: job/op/<topic>/<queue>/<offset>/<n>
         parts = (r.key or "").split("/")
         latencies.append(r.store_timestamp - born[(int(parts[-3]), int(parts[-2]))])

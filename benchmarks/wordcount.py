@@ -19,13 +19,12 @@ import argparse
 import json
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._engine import percentiles, produce, read_all, unique, warm_spark
+from benchmarks._engine import percentiles, produce, run_live, unique, warm_spark
 from benchmarks.broker_roundtrip import measure
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -88,20 +87,13 @@ def main() -> None:
         )
 
     job = unique("bench-wc-live")
-    src, out = f"{job}-in", f"{job}-out"
-    with RocketMQAdmin(settings) as admin:
-        admin.create_topic(src, 4)
-    instance = Instance(wordcount.build(job, src, out), rocketmq=settings, engine=engine)
-    instance.start()
     live = [line + f" marker{i}".encode() for i, line in enumerate(lines(args.live, seed=9))]
-    feeder = threading.Thread(target=produce, args=(settings, src, live, 1))
-    feeder.start()
-    feeder.join()
-    instance.await_caught_up(600, poll_s=0.2)
-    instance.stop()
-    born = {int(r.body.rsplit(b"marker", 1)[1]): r.born_timestamp for r in read_all(settings, src)}
+    inputs, outputs = run_live(
+        wordcount.build(job, f"{job}-in", f"{job}-out"), settings, engine, live
+    )
+    born = {int(r.body.rsplit(b"marker", 1)[1]): r.born_timestamp for r in inputs}
     first_seen: dict[int, int] = {}
-    for r in read_all(settings, out):
+    for r in outputs:
         key = json.loads(r.body)["key"]
         if key.startswith("marker"):
             i = int(key[len("marker") :])
