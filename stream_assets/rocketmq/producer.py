@@ -44,8 +44,9 @@ from stream_assets.rocketmq.records import SendReceipt
 from stream_assets.settings import RocketMQSettings
 
 _LOG_LEVEL_WARN = 3
-#: librocketmq's client start/shutdown is not thread-safe: two producers started
-#: at once from two threads of one process segfaulted (inside ``Producer.start``).
+#: librocketmq's client create/start/shutdown is not safe across threads: once, in
+#: CI, a StartProducer segfaulted while another thread had just created its producer.
+#: Sends stay concurrent; only the lifecycle is serialized.
 _LIFECYCLE = threading.Lock()
 # The ffi module leaves this one undeclared; without argtypes ctypes would
 # truncate the 64-bit handle to a C int.
