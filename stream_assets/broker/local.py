@@ -190,13 +190,16 @@ class LocalBroker:
         cp = self.classpath()
         for sub in ("store", "logs", "run", "conf"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
+        spawned: dict[str, subprocess.Popen[bytes]] = {}
         if status.namesrv_pid is None:
-            self._spawn(
+            spawned["namesrv"] = self._spawn(
                 "namesrv", _NAMESRV_MAIN, cp, self.settings.namesrv_heap, self._namesrv_conf()
             )
         if status.broker_pid is None:
-            self._spawn("broker", _BROKER_MAIN, cp, self.settings.broker_heap, self._broker_conf())
-        return self._wait_serving()
+            spawned["broker"] = self._spawn(
+                "broker", _BROKER_MAIN, cp, self.settings.broker_heap, self._broker_conf()
+            )
+        return self._wait_serving(spawned)
 
     def stop(self) -> None:
         """SIGTERM the broker then the name server, and wait for both to exit."""
@@ -262,7 +265,9 @@ class LocalBroker:
         path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
         return path
 
-    def _spawn(self, role: str, main: str, cp: str, heap: str, conf: Path) -> None:
+    def _spawn(
+        self, role: str, main: str, cp: str, heap: str, conf: Path
+    ) -> subprocess.Popen[bytes]:
         java = (
             str(Path(os.environ["JAVA_HOME"]) / "bin" / "java")
             if "JAVA_HOME" in os.environ
@@ -293,12 +298,18 @@ class LocalBroker:
                 start_new_session=True,  # survives the CLI that started it
             )
         self._pid_file(role).write_text(str(proc.pid))
+        return proc
 
-    def _wait_serving(self) -> BrokerStatus:
+    def _wait_serving(self, spawned: dict[str, subprocess.Popen[bytes]]) -> BrokerStatus:
         deadline = time.monotonic() + self.settings.start_timeout_s
         while time.monotonic() < deadline:
             for role in ("namesrv", "broker"):
-                if self._pid(role) is None:
+                # A JVM we just spawned is judged by its process handle: its
+                # /proc cmdline reads empty for a moment after exec, which the
+                # pid-file check (made for stale files) would take for "gone".
+                proc = spawned.get(role)
+                exited = proc.poll() is not None if proc else self._pid(role) is None
+                if exited:
                     raise BrokerStartError(
                         f"the {role} JVM exited during start; last lines of "
                         f"{self._log_file(role)}:\n{_tail(self._log_file(role))}"
