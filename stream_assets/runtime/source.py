@@ -26,9 +26,9 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -49,6 +49,8 @@ from pyspark.sql.types import (
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.runtime.outage import ride_out_outage
 from stream_assets.settings import RocketMQSettings
+
+T = TypeVar("T")
 
 MESSAGE_SCHEMA = StructType(
     [
@@ -141,7 +143,9 @@ class RocketMQStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.opts = options
         self._admin_obj: RocketMQAdmin | None = None
-        route_queues = self._admin.queues(options.topic)
+        # Spark may create this reader late (a query's first batch), even while
+        # the broker restarts: every broker call here rides out an outage.
+        route_queues = self._ride(lambda: self._admin.queues(options.topic), "queues")
         wanted = set(options.queues) if options.queues is not None else None
         self._queues = [q for q in route_queues if wanted is None or q.queue_id in wanted]
         if wanted is not None and len(self._queues) != len(wanted):
@@ -159,27 +163,34 @@ class RocketMQStreamReader(DataSourceStreamReader):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_admin_obj": None}
 
+    def _ride(self, step: Callable[[], T], what: str) -> T:
+        return ride_out_outage(
+            step, budget_s=self.opts.broker_outage_s, what=f"source {self.opts.topic}: {what}"
+        )
+
     def _key(self, queue: MessageQueue) -> str:
         return f"{queue.broker_name}:{queue.queue_id}"
 
     def initialOffset(self) -> dict[str, Any]:
-        offsets: dict[str, int] = {}
-        for queue in self._queues:
-            committed = self._admin.query_consumer_offset(self.opts.group, queue)
-            offsets[self._key(queue)] = (
-                committed if committed is not None else self._admin.min_offset(queue)
-            )
-        return {"q": offsets, "tick": 0}
+        def start_offsets() -> dict[str, int]:
+            offsets: dict[str, int] = {}
+            for queue in self._queues:
+                committed = self._admin.query_consumer_offset(self.opts.group, queue)
+                offsets[self._key(queue)] = (
+                    committed if committed is not None else self._admin.min_offset(queue)
+                )
+            return offsets
+
+        return {"q": self._ride(start_offsets, "start offsets"), "tick": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_records_per_batch)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin: dict[str, int] = start["q"]
-        available = ride_out_outage(
+        available = self._ride(
             lambda: {self._key(q): self._admin.max_offset(q) for q in self._queues},
-            budget_s=self.opts.broker_outage_s,
-            what=f"source {self.opts.topic}: latest offsets",
+            "latest offsets",
         )
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end = _cap(begin, available, budget)
