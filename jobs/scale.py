@@ -17,6 +17,7 @@ Steps (each logged; the figures go to the run's output metadata):
 """
 
 import time
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -28,6 +29,7 @@ from resources.state_store import RocksDBStateStoreResource
 from stream_assets.ops.allocation import (
     STRATEGIES,
     Allocation,
+    Move,
     allocate,
     changed_instances,
     moves,
@@ -40,6 +42,7 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.runtime.clients import admin_for, reader_for
 from stream_assets.runtime.instance import Instance
+from stream_assets.settings import RocketMQSettings
 from stream_assets.state.restore import RestoreProgress, restore_queue
 from stream_assets.state.store import QueueStateStore
 
@@ -87,9 +90,10 @@ def scale(
     settings = rocketmq.settings()
     engine = spark.engine_settings(state_dir=state_store.root())
     try:
-        with RocketMQAdmin(settings) as admin:
-            admin.master_brokers()
-            source_queues = [q.queue_id for q in admin.queues(topology.source_topic)]
+        # One control-plane client for the whole op (checks, restores, verification).
+        admin = admin_for(settings)
+        admin.master_brokers()
+        source_queues = [q.queue_id for q in admin.queues(topology.source_topic)]
         topics = Instance(topology, rocketmq=settings, engine=engine, progress=context.log.info)
         try:
             topics.prepare_topics()
@@ -115,7 +119,7 @@ def scale(
     stopped = _stop_changed(context, config, new)
     restored = _restore_moved(context, topology, moved, engine.resolved_state_dir(), settings)
     store.set(config.topology, DesiredState(config.target_instances, new, paused=False))
-    _verify(context, config, topology, new, pause_start, settings)
+    _verify(context, config, topology, new, queues, pause_start, admin)
     pause_s = time.time() - pause_start
     restore_keys = sum(r["keys"] for r in restored)
     restore_s = sum(r["seconds"] for r in restored)
@@ -180,16 +184,16 @@ def _stop_changed(
 def _restore_moved(
     context: dg.OpExecutionContext,
     topology: Topology,
-    moved: list[Any],
-    state_dir: Any,
-    settings: Any,
+    moved: list[Move],
+    state_dir: Path,
+    settings: RocketMQSettings,
 ) -> list[dict[str, Any]]:
     """Rebuild every moved stateful queue from its state topic; return what each took."""
     stateful = {
         s.input_topic: s for s in topology.stages if s.aggregate is not None and s.state_topic
     }
     out: list[dict[str, Any]] = []
-    admin = admin_for(settings)
+    admin = admin_for(settings)  # the op's client (same settings)
     reader = reader_for(settings, f"{topology.job_id}-scale-restore")
     for move in moved:
         stage = stateful.get(move.topic)
@@ -233,10 +237,11 @@ def _verify(
     config: ScaleConfig,
     topology: Topology,
     new: Allocation,
+    queues: dict[str, list[int]],
     since: float,
-    settings: Any,
+    admin: RocketMQAdmin,
 ) -> None:
-    """Wait until every instance of ``new`` runs and heartbeats, and queues advance."""
+    """Wait until every instance of ``new`` runs and heartbeats, and ``queues`` advance."""
     deadline = time.monotonic() + config.start_timeout_s
     while True:
         runs = instance_runs(context.instance, config.topology, [dg.DagsterRunStatus.STARTED])
@@ -258,11 +263,11 @@ def _verify(
                 "launches them: is the dagster daemon running (`dagster dev` starts it)?"
             )
         time.sleep(1.0)
-    owned = {(t, q) for share in new.assignment for t, qs in share.items() for q in qs}
-    expected = {(t, q) for t, qs in new.queues_by_topic().items() for q in qs}
+    owned = {(t, q) for t, qs in new.queues_by_topic().items() for q in qs}
+    expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
         raise _fail(f"allocation leaves queues unowned: {sorted(expected - owned)}")
-    _await_advancing(context, topology, sorted(expected), deadline, settings)
+    _await_advancing(context, topology, sorted(expected), deadline, admin)
     context.log.info(
         f"{config.topology}: all {new.instances} instances of generation {new.generation} "
         "are running, own every queue, and every queue is advancing or drained"
@@ -274,29 +279,28 @@ def _await_advancing(
     topology: Topology,
     queues: list[tuple[str, int]],
     deadline: float,
-    settings: Any,
+    admin: RocketMQAdmin,
 ) -> None:
     """Every queue's committed offset moves past where it was, or reaches the end."""
-    with RocketMQAdmin(settings) as admin:
-        broker = sorted(admin.route(topology.source_topic).brokers)[0]
-        mqs = [MessageQueue(t, broker, q) for t, q in queues]
+    broker = sorted(admin.route(topology.source_topic).brokers)[0]
+    mqs = [MessageQueue(t, broker, q) for t, q in queues]
 
-        def committed(mq: MessageQueue) -> int:
-            return admin.query_consumer_offset(topology.job_id, mq) or 0
+    def committed(mq: MessageQueue) -> int:
+        return admin.query_consumer_offset(topology.job_id, mq) or 0
 
-        start = {mq: committed(mq) for mq in mqs}
-        pending = set(mqs)
-        while pending:
-            for mq in list(pending):
-                now = committed(mq)
-                if now > start[mq] or now >= admin.max_offset(mq):
-                    pending.discard(mq)
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                stuck = sorted(f"{mq.topic}[{mq.queue_id}]" for mq in pending)
-                raise _fail(f"queues not advancing after the scale: {stuck}")
-            time.sleep(1.0)
+    start = {mq: committed(mq) for mq in mqs}
+    pending = set(mqs)
+    while pending:
+        for mq in list(pending):
+            now = committed(mq)
+            if now > start[mq] or now >= admin.max_offset(mq):
+                pending.discard(mq)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            stuck = sorted(f"{mq.topic}[{mq.queue_id}]" for mq in pending)
+            raise _fail(f"queues not advancing after the scale: {stuck}")
+        time.sleep(1.0)
 
 
 @dg.job(name=SCALE_JOB, description="Scale a topology in or out, moving queues and state.")
