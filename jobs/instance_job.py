@@ -27,9 +27,9 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
-from stream_assets.ops.desired_state import DesiredStateStore, record_heartbeat
-from stream_assets.ops.lineage import topic_asset_key
-from stream_assets.ops.registry import (
+from stream_assets.control.desired_state import DesiredStateStore, record_heartbeat
+from stream_assets.control.lineage import topic_asset_key
+from stream_assets.control.registry import (
     GENERATION_TAG,
     IDLE_TAG,
     INSTANCE_INDEX_TAG,
@@ -165,10 +165,7 @@ def _supervise(
             and state.allocation is not None
             and not state.paused
             and assignment is not None
-            and (
-                config.instance_index >= state.allocation.instances
-                or state.allocation.for_instance(config.instance_index) != assignment
-            )
+            and not state.allocation.assigns(config.instance_index, assignment)
         ):
             return f"superseded by generation {state.allocation.generation}"
         lag: dict[str, dict[int, int]] | None

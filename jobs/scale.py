@@ -17,34 +17,29 @@ Steps (each logged; the figures go to the run's output metadata):
 """
 
 import time
-from pathlib import Path
-from typing import Any
 
 import dagster as dg
 
-from jobs.supervisor import instance_runs, run_assignment
+from jobs.supervisor import instance_runs, run_index, serves
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
-from stream_assets.ops.allocation import (
+from stream_assets.control.allocation import (
     STRATEGIES,
     Allocation,
-    Move,
     allocate,
     changed_instances,
     moves,
     topology_queues,
 )
-from stream_assets.ops.desired_state import DesiredState, DesiredStateStore, heartbeats
-from stream_assets.ops.registry import INSTANCE_INDEX_TAG, REGISTRY
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.control.registry import REGISTRY
+from stream_assets.control.restore import restore_queues
+from stream_assets.control.topics import provision_topics
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.runtime.clients import admin_for, reader_for
-from stream_assets.runtime.instance import Instance
-from stream_assets.settings import RocketMQSettings
-from stream_assets.state.restore import RestoreProgress, restore_queue
-from stream_assets.state.store import QueueStateStore
 
 SCALE_JOB = "scale_job"
 
@@ -93,19 +88,14 @@ def scale(
         # One control-plane client for the whole op (checks, restores, verification).
         admin = admin_for(settings)
         admin.master_brokers()
-        source_queues = [q.queue_id for q in admin.queues(topology.source_topic)]
-        topics = Instance(topology, rocketmq=settings, engine=engine, progress=context.log.info)
-        try:
-            topics.prepare_topics()
-        finally:
-            topics.close()
+        topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:
         raise _fail(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc
 
     store = DesiredStateStore(context.instance)
     current = store.get(config.topology)
     old = current.allocation if current else None
-    queues = topology_queues(topology, source_queues, engine.shuffle_queues)
+    queues = topology_queues(topology, topics.source_queues, engine.shuffle_queues)
     new = allocate(queues, config.target_instances, strategy, previous=old)
     moved = moves(old, new)
     changed = changed_instances(old, new)
@@ -117,12 +107,19 @@ def scale(
     store.set(config.topology, DesiredState(config.target_instances, old, paused=True))
     pause_start = time.time()
     stopped = _stop_changed(context, config, new)
-    restored = _restore_moved(context, topology, moved, engine.resolved_state_dir(), settings)
+    restored = restore_queues(
+        topology,
+        [(m.topic, m.queue_id) for m in moved if m.to_instance is not None],
+        engine.resolved_state_dir(),
+        admin,
+        reader_for(settings, f"{topology.job_id}-scale-restore"),
+        context.log.info,
+    )
     store.set(config.topology, DesiredState(config.target_instances, new, paused=False))
-    _verify(context, config, topology, new, queues, pause_start, admin)
+    _verify(context, config, topology, new, queues, pause_start, admin, topics.broker_name)
     pause_s = time.time() - pause_start
-    restore_keys = sum(r["keys"] for r in restored)
-    restore_s = sum(r["seconds"] for r in restored)
+    restore_keys = sum(r.result.keys for r in restored)
+    restore_s = sum(r.result.seconds for r in restored)
     context.add_output_metadata(
         {
             "generation": new.generation,
@@ -146,7 +143,19 @@ def scale(
                     for m in moved
                 ]
             ),
-            "restores": dg.MetadataValue.json(restored),
+            "restores": dg.MetadataValue.json(
+                [
+                    {
+                        "topic": r.state_topic,
+                        "queue": r.queue_id,
+                        "keys": r.result.keys,
+                        "seq": r.result.seq,
+                        "messages": r.result.messages_read,
+                        "seconds": r.result.seconds,
+                    }
+                    for r in restored
+                ]
+            ),
             "allocation": dg.MetadataValue.json(new.to_dict()),
         }
     )
@@ -158,11 +167,11 @@ def _stop_changed(
     """Cancel the instance runs whose assignment changes; wait for them to end."""
     to_stop = []
     for run in instance_runs(context.instance, config.topology):
-        index = int(run.tags.get(INSTANCE_INDEX_TAG, -1))
-        keep = index < new.instances and run_assignment(run) == new.for_instance(index)
-        if not keep:
+        if not serves(run, new):
             to_stop.append(run.run_id)
-            context.log.info(f"stopping instance {index} (run {run.run_id}): its queues change")
+            context.log.info(
+                f"stopping instance {run_index(run)} (run {run.run_id}): its queues change"
+            )
             if run.status != dg.DagsterRunStatus.CANCELING:
                 context.instance.run_coordinator.cancel_run(run.run_id)
     deadline = time.monotonic() + config.stop_timeout_s
@@ -181,57 +190,6 @@ def _stop_changed(
     return to_stop
 
 
-def _restore_moved(
-    context: dg.OpExecutionContext,
-    topology: Topology,
-    moved: list[Move],
-    state_dir: Path,
-    settings: RocketMQSettings,
-) -> list[dict[str, Any]]:
-    """Rebuild every moved stateful queue from its state topic; return what each took."""
-    stateful = {
-        s.input_topic: s for s in topology.stages if s.aggregate is not None and s.state_topic
-    }
-    out: list[dict[str, Any]] = []
-    admin = admin_for(settings)  # the op's client (same settings)
-    reader = reader_for(settings, f"{topology.job_id}-scale-restore")
-    for move in moved:
-        stage = stateful.get(move.topic)
-        if stage is None or move.to_instance is None:
-            continue
-        assert stage.aggregate is not None and stage.state_topic is not None
-
-        def progress(p: RestoreProgress, topic: str = stage.state_topic) -> None:
-            if p.messages_total and p.messages_read % 200 == 0:
-                context.log.info(
-                    f"restoring {topic}[{p.queue_id}]: {p.messages_read}/{p.messages_total} "
-                    f"messages, {p.keys_loaded} keys"
-                )
-
-        with QueueStateStore(
-            state_dir, topology.job_id, stage.aggregate.op_id, move.queue_id
-        ) as st:
-            st.wipe()
-            st.open()
-            result = restore_queue(st, stage.state_topic, move.queue_id, admin, reader, progress)
-        context.log.info(
-            f"restored {stage.state_topic}[{move.queue_id}] for instance {move.to_instance}: "
-            f"{result.keys} keys, seq {result.seq}, {result.messages_read} messages in "
-            f"{result.seconds:.2f}s"
-        )
-        out.append(
-            {
-                "topic": stage.state_topic,
-                "queue": move.queue_id,
-                "keys": result.keys,
-                "seq": result.seq,
-                "messages": result.messages_read,
-                "seconds": result.seconds,
-            }
-        )
-    return out
-
-
 def _verify(
     context: dg.OpExecutionContext,
     config: ScaleConfig,
@@ -240,6 +198,7 @@ def _verify(
     queues: dict[str, list[int]],
     since: float,
     admin: RocketMQAdmin,
+    broker_name: str,
 ) -> None:
     """Wait until every instance of ``new`` runs and heartbeats, and ``queues`` advance."""
     deadline = time.monotonic() + config.start_timeout_s
@@ -247,12 +206,9 @@ def _verify(
         runs = instance_runs(context.instance, config.topology, [dg.DagsterRunStatus.STARTED])
         beats = heartbeats(context.instance, [r.run_id for r in runs]) if runs else {}
         ready = {
-            int(r.tags[INSTANCE_INDEX_TAG])
+            run_index(r)
             for r in runs
-            if r.run_id in beats
-            and beats[r.run_id].ts >= since
-            and int(r.tags[INSTANCE_INDEX_TAG]) < new.instances
-            and run_assignment(r) == new.for_instance(int(r.tags[INSTANCE_INDEX_TAG]))
+            if r.run_id in beats and beats[r.run_id].ts >= since and serves(r, new)
         }
         if ready == set(range(new.instances)):
             break
@@ -267,7 +223,7 @@ def _verify(
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
         raise _fail(f"allocation leaves queues unowned: {sorted(expected - owned)}")
-    _await_advancing(context, topology, sorted(expected), deadline, admin)
+    _await_advancing(context, topology, sorted(expected), deadline, admin, broker_name)
     context.log.info(
         f"{config.topology}: all {new.instances} instances of generation {new.generation} "
         "are running, own every queue, and every queue is advancing or drained"
@@ -280,10 +236,10 @@ def _await_advancing(
     queues: list[tuple[str, int]],
     deadline: float,
     admin: RocketMQAdmin,
+    broker_name: str,
 ) -> None:
     """Every queue's committed offset moves past where it was, or reaches the end."""
-    broker = sorted(admin.route(topology.source_topic).brokers)[0]
-    mqs = [MessageQueue(t, broker, q) for t, q in queues]
+    mqs = [MessageQueue(t, broker_name, q) for t, q in queues]
 
     def committed(mq: MessageQueue) -> int:
         return admin.query_consumer_offset(topology.job_id, mq) or 0

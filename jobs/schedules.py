@@ -7,7 +7,7 @@ default): turning one on is an operator's decision.
 
 Example::
 
-    >>> from stream_assets.ops.registry import REGISTRY
+    >>> from stream_assets.control.registry import REGISTRY
     >>> [s.name for s in scale_schedules(REGISTRY["wordcount"], scale_job)]  # doctest: +SKIP
     ['scale_wordcount_0_to_2', 'scale_wordcount_1_to_1']
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import dagster as dg
 
-from stream_assets.ops.lineage import key_component
-from stream_assets.ops.registry import (
+from stream_assets.control.lineage import key_component
+from stream_assets.control.registry import (
     TARGET_INSTANCES_TAG,
     TOPOLOGY_TAG,
     ScaleSchedule,

@@ -31,9 +31,10 @@ from jobs.instance_job import (
     instance_run_config,
     instance_run_tags,
 )
-from stream_assets.ops.desired_state import DesiredState, DesiredStateStore, heartbeats
-from stream_assets.ops.lineage import topic_asset_key
-from stream_assets.ops.registry import (
+from stream_assets.control.allocation import Allocation
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.control.lineage import topic_asset_key
+from stream_assets.control.registry import (
     GENERATION_TAG,
     INSTANCE_INDEX_TAG,
     REGISTRY,
@@ -77,6 +78,22 @@ def run_assignment(run: dg.DagsterRun) -> Any:
     return json.loads(config.get("assignment_json", "null"))
 
 
+def run_index(run: dg.DagsterRun) -> int:
+    """The instance index an instance run was tagged with (-1 if untagged)."""
+    return int(run.tags.get(INSTANCE_INDEX_TAG, -1))
+
+
+def serves(run: dg.DagsterRun, allocation: Allocation) -> bool:
+    """Whether instance run ``run`` owns its share of ``allocation`` (:meth:`Allocation.assigns`).
+
+    Example::
+
+        >>> to_stop = [r for r in instance_runs(instance, "wordcount")
+        ...            if not serves(r, new_allocation)]  # doctest: +SKIP
+    """
+    return allocation.assigns(run_index(run), run_assignment(run))
+
+
 def dead_runs(instance: dg.DagsterInstance, runs: list[dg.DagsterRun], now: float) -> list[str]:
     """Runs that are STARTED but whose process stopped heartbeating."""
     started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
@@ -118,12 +135,7 @@ def plan_topology(
             instance.report_run_failed(run, "no heartbeat: the instance process is gone")
             yield f"{name}: run {run.run_id} stopped heartbeating; marked failed, relaunching"
     live = [r for r in runs if r.run_id not in dead and r.status != dg.DagsterRunStatus.CANCELING]
-    serving = {
-        int(r.tags[INSTANCE_INDEX_TAG])
-        for r in live
-        if int(r.tags.get(INSTANCE_INDEX_TAG, -1)) < allocation.instances
-        and run_assignment(r) == allocation.for_instance(int(r.tags[INSTANCE_INDEX_TAG]))
-    }
+    serving = {run_index(r) for r in live if serves(r, allocation)}
     for index in range(allocation.instances):
         if index in serving:
             continue

@@ -1,6 +1,6 @@
 """The Dagster code location of stream-assets (loaded by workspace.yaml).
 
-Per registered topology (``stream_assets.ops.registry.REGISTRY``): its topics
+Per registered topology (``stream_assets.control.registry.REGISTRY``): its topics
 as assets with lineage source -> topology -> shuffle/state/sinks, the instance
 job the supervisor launches, the scale job, and the topology's scale schedules.
 """
@@ -13,7 +13,7 @@ from jobs.instance_job import instance_job
 from jobs.scale import scale_job
 from jobs.supervisor import supervisor_sensor
 from resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
-from stream_assets.ops import REGISTRY, lineage_asset_specs
+from stream_assets.control import REGISTRY, lineage_asset_specs
 
 defs = dg.Definitions(
     assets=lineage_asset_specs(reg.topology() for reg in REGISTRY.values()),

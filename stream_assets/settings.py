@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
@@ -86,6 +88,35 @@ class RocketMQSettings(BaseSettings):
                 )
         return value
 
+    def digest(self) -> str:
+        """A short fingerprint of every field, secrets included (their values never shown).
+
+        Client caches key on it, and Spark tasks report it, so the driver can
+        check that the settings it shipped are the ones a task used.
+
+        >>> a = RocketMQSettings(namesrv_addr="h:1", access_key="k", secret_key="s")
+        >>> a.digest() == RocketMQSettings(namesrv_addr="h:1", access_key="k",
+        ...                                secret_key="other").digest()
+        False
+        """
+        return hashlib.sha256(self.revealed_json().encode()).hexdigest()[:16]
+
+    def revealed_json(self) -> str:
+        """Every field as JSON, secrets in clear: only for a file the driver keeps private.
+
+        :meth:`from_revealed_json` reads it back without looking at the environment.
+        """
+        plain = {
+            name: value.get_secret_value() if isinstance(value, SecretStr) else value
+            for name, value in self
+        }
+        return json.dumps(plain, sort_keys=True, default=str)
+
+    @classmethod
+    def from_revealed_json(cls, text: str) -> RocketMQSettings:
+        """Inverse of :meth:`revealed_json`: every field is given, so none comes from the env."""
+        return cls.model_validate_json(text)
+
     @property
     def namesrv_addrs(self) -> list[str]:
         """The name server addresses as a list."""
@@ -148,7 +179,12 @@ class EngineSettings(BaseSettings):
     spark_conf: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark conf (JSON object in the env)."
     )
-    state_dir: Path | None = Field(default=None, description="RocksDB root (.local/state).")
+    state_dir: Path | None = Field(
+        default=None,
+        description="RocksDB root. Default: on each executor, under Spark's local directory "
+        "(SPARK_LOCAL_DIRS of the worker), so state is on the disk of the machine that runs "
+        "the task. Set it only to a path that is local on every executor.",
+    )
     shuffle_queues: int = Field(default=8, gt=0, description="Queues of shuffle/state topics.")
     sink_queues: int = Field(default=8, gt=0, description="Queues of sink topics it creates.")
     trigger_interval_ms: int = Field(default=500, gt=0)

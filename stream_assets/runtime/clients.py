@@ -21,12 +21,13 @@ _readers: dict[tuple[int, str, str], QueueReader] = {}
 
 
 def _ident(settings: RocketMQSettings) -> str:
-    # The pid guards against a client inherited through fork.
-    return settings.namesrv_addr
+    # Every field counts (credentials, timeouts): two configurations never share a client.
+    return settings.digest()
 
 
 def admin_for(settings: RocketMQSettings) -> RocketMQAdmin:
     """This process's control-plane client for ``settings``."""
+    # The pid guards against a client inherited through fork.
     key = (os.getpid(), _ident(settings))
     with _lock:
         if key not in _admins:

@@ -1,9 +1,12 @@
 """A compute instance: one SparkSession, one streaming query per stage.
 
-Each query reads its stage's input topic through the ``rocketmq`` source in
-``ranges`` mode (one partition per assigned queue) and hands every micro-batch
-to ``mapInArrow``, so a Spark task processes exactly one queue in offset order
-(:mod:`stateless_stage`, :mod:`stateful_stage`) and returns a stats row.
+Each query reads its stage's input topic through the ``rocketmq`` source (one
+partition per assigned queue, a row per queue range) and hands every
+micro-batch to ``mapInArrow``, so a Spark task processes exactly one queue in
+offset order (:mod:`~stream_assets.runtime.spark_task`) and returns a stats row.
+What a task needs travels in its pickled context, and the topology's own
+modules are shipped to the executors (:mod:`~stream_assets.runtime.user_code`),
+so the same instance runs on ``local[*]`` or on a cluster.
 Spark's checkpoint is fresh on every start: positions come from the broker's
 committed consumer offsets and from the state itself, which is what lets a
 queue move to another instance.
@@ -23,21 +26,18 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from functools import partial
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
+from stream_assets.control.topics import provision_topics
 from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.source import RocketMQDataSource
-from stream_assets.runtime.stateful_stage import run_stateful
-from stream_assets.runtime.stateless_stage import run_stateless
-from stream_assets.runtime.task_context import STATS_DDL, TaskContext, TaskStats
+from stream_assets.runtime.spark_task import TaskContext, task_fn
+from stream_assets.runtime.user_code import ship_user_code
 from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
 
 Progress = Callable[[str], None]
@@ -58,6 +58,8 @@ class StageMetrics:
     watermark: int = -1
     #: Latest (keys, bytes) of each stateful queue's RocksDB.
     state: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Digests of the client settings tasks reported using (one: the instance's own).
+    settings_digests: set[str] = field(default_factory=set)
 
 
 def _print(message: str) -> None:
@@ -95,6 +97,8 @@ class Instance:
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
         self._source_queues: tuple[int, ...] = ()
+        #: Who commits state: recorded with every changelog write of this instance.
+        self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
 
     @property
     def _admin(self) -> RocketMQAdmin:
@@ -106,27 +110,9 @@ class Instance:
 
     def prepare_topics(self) -> None:
         """Check the source exists; create shuffle, state, sink, dead-letter topics if missing."""
-        admin = self._admin
-        route = admin.route(self.topology.source_topic)  # TopicNotFoundError names it
-        self._broker_name = sorted(route.brokers)[0]
-        self._source_queues = tuple(q.queue_id for q in route.read_queues)
-        wanted = {t: self.engine.shuffle_queues for t in self.topology.shuffle_topics}
-        wanted |= {t: self.engine.shuffle_queues for t in self.topology.state_topics}
-        for t in (*self.topology.sink_topics, *self.topology.late_topics):
-            wanted.setdefault(t, self.engine.sink_queues)
-        wanted.setdefault(self.topology.dead_letter_topic, 1)
-        for topic, queues in wanted.items():
-            if not admin.topic_exists(topic):
-                self.progress(f"creating topic {topic} ({queues} queues)")
-                admin.create_topic(topic, queues)
-            elif topic in self.topology.shuffle_topics or topic in self.topology.state_topics:
-                have = admin.route(topic).write_queue_count
-                if have != queues:
-                    raise ValueError(
-                        f"topic {topic} has {have} queues but the engine is configured for "
-                        f"{queues} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a job keeps its "
-                        "shuffle queue count for life"
-                    )
+        topics = provision_topics(self._admin, self.topology, self.engine, self.progress)
+        self._broker_name = topics.broker_name
+        self._source_queues = topics.source_queues
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -153,12 +139,30 @@ class Instance:
         """Create missing topics, start the SparkSession and one query per stage."""
         self.prepare_topics()
         self._spark = self._session()
+        shipped = ship_user_code(self._spark.sparkContext, self.topology)
+        if shipped:
+            self.progress(f"shipping topology modules to the executors: {', '.join(shipped)}")
+        self._write_settings_file()
         for stage in self.topology.stages:
             self._queries.append(self._start_stage(stage))
         self.progress(
             f"instance of {self.topology.job_id} running {len(self._queries)} stage queries "
             f"on {self.engine.spark_master}"
         )
+
+    @property
+    def _settings_file(self) -> str:
+        return str(self._checkpoints / "client-settings.json")
+
+    def _write_settings_file(self) -> None:
+        """The client settings for the source's planner (Spark options show up in logs).
+
+        Readable by this user only; removed when the instance stops.
+        """
+        self._checkpoints.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self._settings_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(self.rocketmq.revealed_json())
 
     def _queues_of(self, topic: str) -> list[int] | None:
         return None if self.assignment is None else sorted(self.assignment.get(topic, []))
@@ -169,36 +173,39 @@ class Instance:
             self._spark.readStream.format("rocketmq")
             .option("topic", stage.input_topic)
             .option("group", self.group)
-            .option("namesrv_addr", self.rocketmq.namesrv_addr)
-            .option("rows", "ranges")
+            .option("settings_file", self._settings_file)
             .option("max_records_per_batch", str(self.engine.max_records_per_batch))
             .option("broker_outage_s", str(self.engine.broker_outage_s))
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
-        if stage.aggregate is not None and stage.aggregate.window is not None:
-            # Windows can fire on time alone (idle timeout): give the stage a
-            # batch now and then even when no input arrives.
-            tick = min(self.engine.tick_ms, max(100, stage.aggregate.idle_timeout_ms // 2))
-            reader = reader.option("tick_ms", str(tick))
-        next_agg = None
-        if stage.index + 1 < len(self.topology.stages):
-            next_agg = self.topology.stages[stage.index + 1].aggregate
+        agg = stage.aggregate
+        if agg is not None and agg.window is not None:
+            # Windows can fire when input stops (idle timeout): give the stage a
+            # batch now and then, and let the planner judge the source queues'
+            # idleness by their offsets.
+            tick = min(self.engine.tick_ms, max(100, agg.idle_timeout_ms // 2))
+            reader = (
+                reader.option("tick_ms", str(tick))
+                .option("origin_topic", self.topology.source_topic)
+                .option("idle_timeout_ms", str(agg.idle_timeout_ms))
+            )
         ctx = TaskContext(
-            job_id=self.topology.job_id,
-            stage=stage,
-            next_aggregate=next_agg,
-            namesrv_addr=self.rocketmq.namesrv_addr,
+            stage=StageContext.of(
+                self.topology,
+                stage.index,
+                shuffle_queues=self.engine.shuffle_queues,
+                snapshot_every=self.engine.snapshot_every,
+                pre_combine=self.engine.pre_combine,
+                combine_from=self._current_ends(stage) if stage.index == 0 else (),
+                source_queues=self._source_queues,
+                generation=self.generation,
+                writer=self.writer,
+            ),
+            rocketmq=self.rocketmq,
             group=self.group,
             broker_name=self._broker_name,
-            shuffle_queues=self.engine.shuffle_queues,
-            dead_letter_topic=self.topology.dead_letter_topic,
-            state_dir=str(self.engine.resolved_state_dir()),
-            snapshot_every=self.engine.snapshot_every,
-            pre_combine=self.engine.pre_combine,
-            combine_from=self._current_ends(stage) if stage.index == 0 else (),
-            source_queues=self._source_queues,
-            generation=self.generation,
+            state_dir=str(self.engine.state_dir) if self.engine.state_dir else None,
             broker_outage_s=self.engine.broker_outage_s,
         )
         checkpoint = self._checkpoints / f"stage-{stage.index}"
@@ -215,22 +222,20 @@ class Instance:
         admin = self._admin
         return tuple((q.queue_id, admin.max_offset(q)) for q in admin.queues(stage.input_topic))
 
-    def _batch_fn(self, template: TaskContext) -> Callable[[Any, int], None]:
-        seen: set[int] = set()  # queues some batch of this query has processed
+    def _batch_fn(self, ctx: TaskContext) -> Callable[[Any, int], None]:
+        stage = ctx.stage.stage
 
         def run_batch(df: Any, batch_id: int) -> None:
             if self._stopping.is_set():
                 raise StopRequested()
-            ctx = replace(template, seen_queues=frozenset(seen))
-            rows = [r.asDict() for r in df.mapInArrow(_task(ctx), STATS_DDL).collect()]
+            rows = [r.asDict() for r in df.mapInArrow(task_fn(ctx), STATS_DDL).collect()]
             ride_out_outage(
-                lambda: self._commit(ctx.stage, rows),
+                lambda: self._commit(stage, rows),
                 budget_s=self.engine.broker_outage_s,
-                what=f"{self.topology.job_id} stage {ctx.stage.index}: offset commit",
+                what=f"{self.topology.job_id} stage {stage.index}: offset commit",
                 log=self.progress,
             )
-            self._record(ctx.stage.index, rows)
-            seen.update(int(row["queue_id"]) for row in rows)
+            self._record(stage.index, rows)
 
         return run_batch
 
@@ -251,6 +256,7 @@ class Instance:
             m.batches += 1
             m.last_batch_at = time.time()
             for row in rows:
+                m.settings_digests.add(str(row.pop("settings_digest", "")))
                 if row.get("state_keys") or row.get("state_bytes"):
                     m.state[int(row["queue_id"])] = (
                         int(row["state_keys"]),
@@ -348,25 +354,3 @@ class Instance:
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
-
-
-def _task(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    run = run_stateful if ctx.stage.stateful else run_stateless
-
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                # A queue's batch commits all or nothing: repeating it is a replay.
-                stats: TaskStats = ride_out_outage(
-                    partial(run, ctx, row["queue_id"], row["start"], row["end"]),
-                    budget_s=ctx.broker_outage_s,
-                    what=f"{ctx.job_id} stage {ctx.stage.index} queue {row['queue_id']}",
-                )
-                yield stats.to_batch()
-
-    return task
-
-
-def checkpoint_root() -> Path:
-    """Where instances keep their (throw-away) Spark checkpoints."""
-    return local_dir() / "checkpoints"

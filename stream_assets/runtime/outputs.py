@@ -1,4 +1,4 @@
-"""Terminal outputs of a stage: sinks (RocketMQ topics) and print.
+"""Terminal outputs of a stage (sinks, print) and dead letters, through a Sender.
 
 Sinks are at-least-once: a batch replayed after a crash sends its outputs
 again. Every output message therefore has a deterministic key (job, origin or
@@ -11,14 +11,19 @@ import sys
 from typing import Any
 
 from stream_assets.plan import nodes as n
-from stream_assets.runtime.task_context import TaskContext, TaskStats
+from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.ports import Sender
+
+_PROPERTY_MAX = 400
 
 
 class StageOutputs:
     """Sends a stage's sink/print outputs; ``origin`` names what produced them."""
 
-    def __init__(self, ctx: TaskContext, stats: TaskStats) -> None:
+    def __init__(self, ctx: StageContext, sender: Sender, stats: TaskStats) -> None:
         self.ctx = ctx
+        self.sender = sender
         self.stats = stats
         self.origin = ""
         self._seq = 0
@@ -31,7 +36,7 @@ class StageOutputs:
         key = f"{self.ctx.job_id}/{node.op_id}/{self.origin}/{self._seq}"
         self._seq += 1
         if isinstance(node, n.Sink):
-            self.ctx.producer().send(node.topic, node.serializer(value), key=key)
+            self.sender.send(node.topic, node.serializer(value), key=key)
         elif isinstance(node, n.Print):
             print(value, file=sys.stdout, flush=False)
         self.stats.outputs += 1
@@ -39,3 +44,36 @@ class StageOutputs:
     def flush(self) -> None:
         """Flush printed output."""
         sys.stdout.flush()
+
+
+def dead_letter(
+    ctx: StageContext,
+    sender: Sender,
+    stats: TaskStats,
+    record: Record,
+    op_id: str,
+    exc: BaseException,
+) -> None:
+    """Send a record that failed in ``op_id`` to the dead-letter topic, with the reason.
+
+    Keyed by the record's position, so a replayed batch's copy de-duplicates.
+    """
+    sender.send(
+        ctx.dead_letter_topic,
+        record.body,
+        key=f"{record.topic}/{record.queue_id}/{record.queue_offset}",
+        properties={
+            "reason": _property(f"{type(exc).__name__}: {exc}"),
+            "operator": op_id,
+            "source_topic": record.topic,
+            "source_queue": str(record.queue_id),
+            "source_offset": str(record.queue_offset),
+        },
+    )
+    stats.dead_letters += 1
+
+
+def _property(text: str) -> str:
+    # Property values cannot hold RocketMQ's separators (\x01, \x02).
+    clean = text.replace("\x01", " ").replace("\x02", " ")
+    return clean[:_PROPERTY_MAX]

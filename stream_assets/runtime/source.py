@@ -4,23 +4,32 @@ One Spark input partition per message queue, offsets per queue, and a bound on
 records per micro-batch (``ReadMaxRows``, PySpark >= 4.2). The start position
 of every queue is the consumer group's committed offset on the broker (its min
 offset if the group never committed); the consumer of a batch commits its end
-once the batch's work is durable: the broker, not a Spark
-checkpoint, is the authority, so a queue can move to another instance.
+once the batch's work is durable: the broker, not a Spark checkpoint, is the
+authority, so a queue can move to another instance.
 
-Two row shapes (option ``rows``):
+A row is a queue's ``[start, end)`` range, not a message: the engine's task
+pulls the messages itself, which saves two JVM round trips per record
+(docs/engine.md). Every assigned queue gets its row on a tick (option
+``tick_ms``) even with no new messages, so stateful stages can fire windows
+when input stops.
 
-- ``messages`` (default): one row per message (queue_id, queue_offset, body,
-  keys, tags, born_ts, store_ts) for ad-hoc use.
-- ``ranges``: one row per queue (queue_id, start, end) and the engine's task
-  pulls the messages itself, which saves two JVM round trips per record
-  (docs/engine.md). Every assigned queue gets its row, even with no new
-  messages, so stateful stages see idle ticks (option ``tick_ms``).
+Idleness (options ``origin_topic``, ``idle_timeout_ms``): for a stateful stage
+the planner also watches the *source* topic. A source queue is idle when its
+broker end offset has not moved for the idle timeout and the stage that reads
+it has committed everything up to that end; such queues are listed in each
+row's ``idle`` column, but only in a batch that reads every stage queue to
+its end. Time between batches plays no part, so a slow batch never fires a
+window.
+
+Client settings come from a file the driver writes (option ``settings_file``,
+private to the driver's user), never from Spark options, which show up in
+plans and logs, and never from the environment of the process Spark plans in.
 
 Example::
 
     >>> spark.dataSource.register(RocketMQDataSource)  # doctest: +SKIP
     >>> df = (spark.readStream.format("rocketmq").option("topic", "orders")
-    ...       .option("group", "g").load())  # doctest: +SKIP
+    ...       .option("group", "g").option("settings_file", path).load())  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pyspark.sql.datasource import (
@@ -36,15 +46,7 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import ArrayType, IntegerType, LongType, StructField, StructType
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.runtime.outage import ride_out_outage
@@ -52,35 +54,24 @@ from stream_assets.settings import RocketMQSettings
 
 T = TypeVar("T")
 
-MESSAGE_SCHEMA = StructType(
-    [
-        StructField("queue_id", IntegerType()),
-        StructField("queue_offset", LongType()),
-        StructField("body", BinaryType()),
-        StructField("keys", ArrayType(StringType())),
-        StructField("tags", StringType()),
-        StructField("born_ts", LongType()),
-        StructField("store_ts", LongType()),
-    ]
-)
 RANGE_SCHEMA = StructType(
     [
         StructField("queue_id", IntegerType()),
         StructField("start", LongType()),
         StructField("end", LongType()),
+        StructField("idle", ArrayType(IntegerType())),
     ]
 )
 
 
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
-    """One queue's slice of a micro-batch."""
+    """One queue's slice of a micro-batch, and the source queues idle when it was planned."""
 
-    topic: str
-    broker_name: str
     queue_id: int
     start: int
     end: int
+    idle: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,38 +80,44 @@ class SourceOptions:
 
     topic: str
     group: str
-    namesrv_addr: str
+    settings_file: str
     queues: tuple[int, ...] | None
-    rows: str
     max_records_per_batch: int
     tick_ms: int
     broker_outage_s: float
+    origin_topic: str | None
+    idle_timeout_ms: int
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
         """Parse Spark's string options, raising a clear error for a bad one."""
-        for required in ("topic", "group"):
+        for required in ("topic", "group", "settings_file"):
             if not options.get(required):
                 raise ValueError(f"rocketmq source: option {required!r} is required")
-        rows = options.get("rows", "messages")
-        if rows not in ("messages", "ranges"):
-            raise ValueError(f"rocketmq source: option rows must be messages|ranges, got {rows!r}")
         queues = options.get("queues")
         return cls(
             topic=options["topic"],
             group=options["group"],
-            namesrv_addr=options.get("namesrv_addr") or RocketMQSettings().namesrv_addr,
+            settings_file=options["settings_file"],
             # "" is an assignment of no queues (an idle instance), not "all queues".
             queues=tuple(int(q) for q in queues.split(",") if q) if queues is not None else None,
-            rows=rows,
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
             tick_ms=int(options.get("tick_ms", "0")),
             broker_outage_s=float(options.get("broker_outage_s", "0")),
+            origin_topic=options.get("origin_topic") or None,
+            idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
         )
 
     def settings(self) -> RocketMQSettings:
-        """Client settings: the environment's, with this source's name server."""
-        return RocketMQSettings(namesrv_addr=self.namesrv_addr)
+        """The client settings the driver wrote for this query."""
+        try:
+            text = Path(self.settings_file).read_text()
+        except OSError as exc:
+            raise ValueError(
+                f"rocketmq source: cannot read the client settings file {self.settings_file} "
+                f"the instance wrote ({exc}); the instance must run on this machine"
+            ) from exc
+        return RocketMQSettings.from_revealed_json(text)
 
 
 class RocketMQDataSource(DataSource):
@@ -131,7 +128,7 @@ class RocketMQDataSource(DataSource):
         return "rocketmq"
 
     def schema(self) -> StructType:
-        return RANGE_SCHEMA if self.options.get("rows") == "ranges" else MESSAGE_SCHEMA
+        return RANGE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RocketMQStreamReader(SourceOptions.parse(dict(self.options)))
@@ -142,7 +139,10 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.opts = options
+        self._settings = options.settings()
         self._admin_obj: RocketMQAdmin | None = None
+        # Per source queue: (end offset, monotonic time it was first seen at that end).
+        self._origin_ends: dict[int, tuple[int, float]] = {}
         # Spark may create this reader late (a query's first batch), even while
         # the broker restarts: every broker call here rides out an outage.
         route_queues = self._ride(lambda: self._admin.queues(options.topic), "queues")
@@ -154,10 +154,9 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     @property
     def _admin(self) -> RocketMQAdmin:
-        # Created lazily and never pickled: Spark ships this reader (for read())
-        # to executors, and sockets do not pickle.
+        # Created lazily and never pickled: sockets do not pickle.
         if self._admin_obj is None:
-            self._admin_obj = RocketMQAdmin(self.opts.settings())
+            self._admin_obj = RocketMQAdmin(self._settings)
         return self._admin_obj
 
     def __getstate__(self) -> dict[str, Any]:
@@ -181,53 +180,60 @@ class RocketMQStreamReader(DataSourceStreamReader):
                 )
             return offsets
 
-        return {"q": self._ride(start_offsets, "start offsets"), "tick": 0}
+        return {"q": self._ride(start_offsets, "start offsets"), "tick": 0, "idle": []}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.opts.max_records_per_batch)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Idle source queues first: their committed ends were durable (shuffle
+        # sent) before the stage queues' end offsets are read below.
+        idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topic else []
         begin: dict[str, int] = start["q"]
         available = self._ride(
             lambda: {self._key(q): self._admin.max_offset(q) for q in self._queues},
             "latest offsets",
         )
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
-        end = _cap(begin, available, budget)
+        end, capped = _cap(begin, available, budget)
         tick = int(start.get("tick", 0))
         if self.opts.tick_ms > 0:
             tick = max(tick, int(time.time() * 1000) // self.opts.tick_ms)
-        return {"q": end, "tick": tick}
+        # A batch that stops short of the end has input still to read: nothing is idle.
+        return {"q": end, "tick": tick, "idle": [] if capped else idle}
+
+    def _idle_origins(self) -> list[int]:
+        """Source queues idle by the broker's offsets: end unmoved for the idle timeout,
+        and committed to that end by the stage that reads them."""
+        assert self.opts.origin_topic is not None
+        now = time.monotonic()
+        idle = []
+        for queue in self._admin.queues(self.opts.origin_topic):
+            end = self._admin.max_offset(queue)
+            seen = self._origin_ends.get(queue.queue_id)
+            if seen is None or seen[0] != end:
+                self._origin_ends[queue.queue_id] = seen = (end, now)
+            if (now - seen[1]) * 1000 < self.opts.idle_timeout_ms:
+                continue
+            committed = self._admin.query_consumer_offset(self.opts.group, queue)
+            if (committed if committed is not None else self._admin.min_offset(queue)) >= end:
+                idle.append(queue.queue_id)
+        return idle
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRange]:
         ticked = end.get("tick", 0) != start.get("tick", 0)
+        idle = tuple(end.get("idle", ()))
         parts = []
         for queue in self._queues:
             key = self._key(queue)
             lo, hi = int(start["q"].get(key, 0)), int(end["q"][key])
-            if hi > lo or (ticked and self.opts.rows == "ranges"):
-                parts.append(QueueRange(queue.topic, queue.broker_name, queue.queue_id, lo, hi))
+            if hi > lo or ticked:
+                parts.append(QueueRange(queue.queue_id, lo, hi, idle))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, QueueRange)
-        if self.opts.rows == "ranges":
-            yield (partition.queue_id, partition.start, partition.end)
-            return
-        from stream_assets.runtime.clients import reader_for
-
-        queue = MessageQueue(partition.topic, partition.broker_name, partition.queue_id)
-        reader = reader_for(self.opts.settings(), self.opts.group)
-        for r in reader.read(queue, partition.start, partition.end):
-            yield (
-                r.queue_id,
-                r.queue_offset,
-                r.body,
-                list(r.keys),
-                r.tags,
-                r.born_timestamp,
-                r.store_timestamp,
-            )
+        yield (partition.queue_id, partition.start, partition.end, list(partition.idle))
 
     def commit(self, end: dict[str, Any]) -> None:
         # Offsets are committed by whoever consumes the batch, once its work is
@@ -239,15 +245,18 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self._admin.close()
 
 
-def _cap(begin: dict[str, int], available: dict[str, int], budget: int | None) -> dict[str, int]:
-    """End offsets: all that is available, or at most ``budget`` records shared fairly.
+def _cap(
+    begin: dict[str, int], available: dict[str, int], budget: int | None
+) -> tuple[dict[str, int], bool]:
+    """End offsets: all that is available, or at most ``budget`` records shared fairly;
+    with whether the budget cut anything short.
 
     Fair share: every queue with a backlog gets an equal slice; slices a queue
     cannot use go to the others, so one busy queue does not starve.
     """
     backlog = {k: max(0, available[k] - begin.get(k, available[k])) for k in available}
     if budget is None or sum(backlog.values()) <= budget:
-        return {k: begin.get(k, available[k]) + backlog[k] for k in available}
+        return {k: begin.get(k, available[k]) + backlog[k] for k in available}, False
     take = dict.fromkeys(available, 0)
     left = budget
     pending = [k for k in available if backlog[k] > 0]
@@ -261,4 +270,4 @@ def _cap(begin: dict[str, int], available: dict[str, int], budget: int | None) -
                 pending.remove(k)
             if left == 0:
                 break
-    return {k: begin.get(k, available[k]) + take[k] for k in available}
+    return {k: begin.get(k, available[k]) + take[k] for k in available}, True

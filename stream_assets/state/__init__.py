@@ -9,7 +9,7 @@
 Example::
 
     >>> with QueueStateStore(root, "wc", "count", 2) as store:  # doctest: +SKIP
-    ...     if not local_is_current(store, "wc-state", 2, admin, reader):
+    ...     if not local_is_current(store, "wc-state", 2, admin):
     ...         store.wipe()
     ...         restore_queue(store, "wc-state", 2, admin, reader)
     ...     meta = store.next_meta()
@@ -25,6 +25,8 @@ from stream_assets.state.changelog import (
     commit_with_changelog,
 )
 from stream_assets.state.errors import (
+    ChangelogConflictError,
+    FencedError,
     StateError,
     StateFormatError,
     StateRestoreError,
@@ -34,6 +36,7 @@ from stream_assets.state.meta import StateMeta
 from stream_assets.state.restore import (
     RestoreProgress,
     RestoreResult,
+    is_current,
     local_is_current,
     restore_queue,
     state_queue,
@@ -43,7 +46,9 @@ from stream_assets.state.store import QueueStateStore
 
 __all__ = [
     "DEFAULT_SNAPSHOT_EVERY",
+    "ChangelogConflictError",
     "ChangelogWriter",
+    "FencedError",
     "MessageSender",
     "QueueStateStore",
     "RestoreProgress",
@@ -54,6 +59,7 @@ __all__ = [
     "StateRestoreError",
     "StateSequenceError",
     "commit_with_changelog",
+    "is_current",
     "local_is_current",
     "restore_queue",
     "state_queue",

@@ -7,6 +7,13 @@ the store's ``snapshot_offset``. A restore reads only from the latest complete
 snapshot onward, so the broker's retention may drop anything older. Message
 format: :mod:`stream_assets.state.records`.
 
+Appends are compare-and-append: every record names the offset it must land at
+(the store's ``log_end``), and a record that lands elsewhere raises
+:class:`~stream_assets.state.errors.ChangelogConflictError` before anything is
+committed locally. RocketMQ has no conditional append, so this is how two
+writers that both think they own a queue (a stale executor, an old generation)
+can never both extend its history: the second one's record is void.
+
 Example::
 
     >>> writer = ChangelogWriter(producer, "wordcount-state", queue_id=2)  # doctest: +SKIP
@@ -24,8 +31,8 @@ from dataclasses import replace
 from typing import Protocol
 
 from stream_assets.rocketmq.records import SendReceipt
-from stream_assets.state.codec import StreamPacker
-from stream_assets.state.errors import StateError, StateSequenceError
+from stream_assets.serde.packing import StreamPacker
+from stream_assets.state.errors import ChangelogConflictError, StateError, StateSequenceError
 from stream_assets.state.meta import StateMeta
 from stream_assets.state.records import (
     MAX_BODY,
@@ -77,7 +84,8 @@ class ChangelogWriter:
         self.max_body = max_body
         self.chunk_bytes = chunk_bytes
 
-    def _send(self, body: bytes, key: str) -> int:
+    def _send(self, body: bytes, key: str, at: int) -> int:
+        """Send ``body``, which must land at offset ``at``; returns the next offset."""
         receipt = self.sender.send(self.state_topic, body, key=key, queue_id=self.queue_id)
         if receipt.queue_id != self.queue_id:
             raise StateError(
@@ -85,24 +93,33 @@ class ChangelogWriter:
                 f"[{receipt.queue_id}]; the state topic must have as many queues as the "
                 "stateful stage"
             )
-        return receipt.queue_offset
+        if receipt.queue_offset != at:
+            raise ChangelogConflictError(
+                f"{self.state_topic}[{self.queue_id}]: a state record meant for offset {at} "
+                f"landed at {receipt.queue_offset}: another writer appended first (or a send "
+                "was retried). The record is void and nothing was committed; the batch fails "
+                "and its retry restores from the state topic"
+            )
+        return at + 1
 
-    def write_delta(self, changes: Mapping[bytes, bytes | None], meta: StateMeta) -> list[int]:
-        """Send the delta of commit ``meta.seq``; returns the offsets of its messages."""
+    def write_delta(self, changes: Mapping[bytes, bytes | None], meta: StateMeta, at: int) -> int:
+        """Send the delta of commit ``meta.seq`` starting at offset ``at``; returns the end."""
         # A fresh id per attempt keeps parts of a crashed attempt apart from a retry's.
         write_id = os.urandom(8)
         bodies = encode_delta(
-            meta.seq, write_id, meta.snapshot_offset, changes, meta, self.max_body
+            meta.seq, write_id, meta.snapshot_offset, changes, meta, self.max_body, at=at
         )
         key = f"q{self.queue_id}-s{meta.seq}"
-        return [self._send(body, key) for body in bodies]
+        for body in bodies:
+            at = self._send(body, key, at)
+        return at
 
     def snapshot_due(self, seq: int) -> bool:
         """Whether commit ``seq`` is followed by a full snapshot."""
         return seq % self.snapshot_every == 0
 
-    def write_snapshot(self, store: QueueStateStore) -> int:
-        """Send a full snapshot of ``store`` as it is now; returns its begin offset.
+    def write_snapshot(self, store: QueueStateStore, at: int) -> tuple[int, int]:
+        """Send a full snapshot of ``store`` from offset ``at``; returns (begin, end) offsets.
 
         The caller records the offset in the store's meta (see
         :func:`commit_with_changelog`); until then later deltas keep pointing
@@ -112,18 +129,19 @@ class ChangelogWriter:
         write_id = os.urandom(8)
         prev = meta.snapshot_offset
         key = f"q{self.queue_id}-s{meta.seq}-snap"
-        begin = self._send(encode_snap_begin(meta.seq, write_id, prev, meta), key)
+        begin = at
+        at = self._send(encode_snap_begin(meta.seq, write_id, prev, meta, at=at), key, at)
         packer = StreamPacker()
         buffer = bytearray()
         chunks = keys = 0
 
         def flush(limit: int) -> None:
-            nonlocal chunks
+            nonlocal chunks, at
             while len(buffer) >= limit and buffer:
                 data = bytes(buffer[: self.chunk_bytes])
                 del buffer[: self.chunk_bytes]
-                body = encode_snap_chunk(meta.seq, write_id, prev, chunks, begin, data)
-                self._send(body, key)
+                body = encode_snap_chunk(meta.seq, write_id, prev, chunks, begin, data, at=at)
+                at = self._send(body, key, at)
                 chunks += 1
 
         for k, v in store.items():
@@ -132,8 +150,8 @@ class ChangelogWriter:
             keys += 1
             flush(self.chunk_bytes)
         flush(1)
-        self._send(encode_snap_end(meta.seq, write_id, begin, chunks, keys), key)
-        return begin
+        at = self._send(encode_snap_end(meta.seq, write_id, begin, chunks, keys, at=at), key, at)
+        return begin, at
 
 
 def commit_with_changelog(
@@ -169,6 +187,9 @@ def commit_with_changelog(
             f"changelog writer of queue {writer.queue_id} used for the store of queue "
             f"{store.queue_id}"
         )
+    # The store's log end is where this commit must land (0: a fresh store,
+    # which is current only against an empty state queue).
+    at = current.log_end or 0
     meta = replace(meta, snapshot_offset=current.snapshot_offset)
     # Changelog first, local second. A crash (or a failed send) in between
     # leaves the local store *behind* the changelog, never ahead of what is
@@ -176,12 +197,13 @@ def commit_with_changelog(
     # replays the same deterministic batch as this seq again; a restore keeps
     # the last complete write of a seq, which is the one the store committed.
     # The other order could leave local state that no restore can reproduce.
-    writer.write_delta(changes, meta)
-    store.commit(changes, meta)
+    # A ChangelogConflictError from the writer leaves the store untouched.
+    end = writer.write_delta(changes, meta, at)
+    store.commit(changes, replace(meta, log_end=end))
     if writer.snapshot_due(meta.seq):
-        begin = writer.write_snapshot(store)
+        begin, end = writer.write_snapshot(store, end)
         # A meta-only update, not a new seq: a crash before it only means the
-        # next deltas still point at the previous (complete) snapshot.
-        meta = replace(store.meta, snapshot_offset=begin)
-        store.update_meta(meta)
+        # next deltas still point at the previous (complete) snapshot, and the
+        # store's log end is behind, so the next batch restores first.
+        store.update_meta(replace(store.meta, snapshot_offset=begin, log_end=end))
     return store.meta

@@ -17,3 +17,16 @@ class StateSequenceError(StateError):
 
 class StateRestoreError(StateError):
     """The state topic cannot rebuild the queue's state (history missing or inconsistent)."""
+
+
+class ChangelogConflictError(StateError):
+    """A changelog record did not land where its writer expected: someone else appended.
+
+    The record is void (a restore ignores it) and nothing was committed
+    locally; the caller fails the batch, and the next attempt restores from
+    the state topic before it writes again.
+    """
+
+
+class FencedError(StateError):
+    """A writer of an older allocation generation found a newer owner in the state topic."""

@@ -17,10 +17,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_assets.state.codec import pack, unpack
+from stream_assets.serde.packing import PackingError, pack, unpack
 from stream_assets.state.errors import StateFormatError
 
-_WIRE_VERSION = 1
+_WIRE_VERSION = 2
+#: Version 1 had no owner fields and no log end; it still decodes (generation 0).
+_READABLE = (1, 2)
 
 
 @dataclass
@@ -36,6 +38,13 @@ class StateMeta:
     - ``snapshot_offset``: state-topic offset where the latest complete snapshot
       begins (managed by the changelog writer).
     - ``extra``: anything else an operator wants committed with its state.
+    - ``generation`` / ``writer``: the allocation generation and the instance
+      that made this commit. The state topic, not the local disk, says who owns
+      a queue: a writer of an older generation is fenced (DESIGN section 3).
+    - ``log_end``: the state-topic offset right after this store's last write
+      (or the end it was restored to). Equal to the state queue's end offset
+      means the store is current; anything else means restore first. Not
+      carried meaningfully in changelog records: a restore sets it.
     """
 
     seq: int = 0
@@ -44,6 +53,9 @@ class StateMeta:
     watermark: dict[str, Any] = field(default_factory=dict)
     snapshot_offset: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    generation: int = 0
+    writer: str = ""
+    log_end: int | None = None
 
     def copy(self) -> StateMeta:
         """A deep copy, safe to modify without touching the original."""
@@ -59,13 +71,19 @@ class StateMeta:
             "watermark": self.watermark,
             "snapshot_offset": self.snapshot_offset,
             "extra": self.extra,
+            "generation": self.generation,
+            "writer": self.writer,
+            "log_end": self.log_end,
         }
 
     @classmethod
     def from_wire(cls, wire: Any) -> StateMeta:
         """Inverse of :meth:`to_wire`; raises :class:`StateFormatError` on anything else."""
-        if not isinstance(wire, dict) or wire.get("v") != _WIRE_VERSION:
-            raise StateFormatError(f"not a version-{_WIRE_VERSION} state meta: {wire!r:.200}")
+        if not isinstance(wire, dict) or wire.get("v") not in _READABLE:
+            raise StateFormatError(
+                f"not a state meta of versions {_READABLE}: {wire!r:.200}; state written by a "
+                "newer stream-assets needs that version to read it"
+            )
         try:
             return cls(
                 seq=int(wire["seq"]),
@@ -74,6 +92,9 @@ class StateMeta:
                 watermark=dict(wire["watermark"]),
                 snapshot_offset=wire["snapshot_offset"],
                 extra=dict(wire["extra"]),
+                generation=int(wire.get("generation", 0)),
+                writer=str(wire.get("writer", "")),
+                log_end=wire.get("log_end"),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise StateFormatError(f"malformed state meta {wire!r:.200}: {exc}") from exc
@@ -85,4 +106,7 @@ class StateMeta:
     @classmethod
     def decode(cls, data: bytes) -> StateMeta:
         """Inverse of :meth:`encode`."""
-        return cls.from_wire(unpack(data))
+        try:
+            return cls.from_wire(unpack(data))
+        except PackingError as exc:
+            raise StateFormatError(f"undecodable state meta: {exc}") from exc

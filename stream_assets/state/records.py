@@ -17,6 +17,14 @@ where a restore starts.
   ``"begin"``). ``snap-end``'s ``"snap"`` is its own begin offset: from there on
   the snapshot is complete.
 
+Every record also carries ``"at"``: the state-queue offset its writer expected
+it to land at. A record stored anywhere else is *void* (another writer appended
+first) and a restore ignores it. That turns the append-only queue into a
+compare-and-append log: of two writers that both believed the queue ended at
+offset X, exactly one lands at X, so a queue's valid history has one writer
+at a time (:mod:`stream_assets.state.changelog`). Records written before
+``"at"`` existed have ``at`` None and count as valid.
+
 Example::
 
     >>> bodies = encode_delta(1, b"id", None, {b"k": b"v"}, StateMeta(seq=1), 1 << 20)
@@ -30,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stream_assets.state.codec import pack, unpack
+from stream_assets.serde.packing import PackingError, pack, unpack
 from stream_assets.state.errors import StateFormatError
 from stream_assets.state.meta import StateMeta
 
@@ -59,6 +67,7 @@ class Delta:
     changes: Changes | None = None
     meta: StateMeta | None = None
     data: bytes | None = None
+    at: int | None = None
 
     @property
     def written_seq(self) -> int:
@@ -78,6 +87,7 @@ class SnapBegin:
     write_id: bytes
     snap: int | None
     meta: StateMeta
+    at: int | None = None
 
     @property
     def written_seq(self) -> int:
@@ -95,6 +105,7 @@ class SnapChunk:
     index: int
     begin: int
     data: bytes
+    at: int | None = None
 
     @property
     def written_seq(self) -> int:
@@ -112,6 +123,7 @@ class SnapEnd:
     begin: int
     chunks: int
     keys: int
+    at: int | None = None
 
     @property
     def written_seq(self) -> int:
@@ -122,6 +134,11 @@ class SnapEnd:
 ChangelogRecord = Delta | SnapBegin | SnapChunk | SnapEnd
 
 
+def is_void(record: ChangelogRecord, offset: int) -> bool:
+    """Whether ``record``, stored at ``offset``, lost the race for the offset it expected."""
+    return record.at is not None and record.at != offset
+
+
 def encode_delta(
     seq: int,
     write_id: bytes,
@@ -129,12 +146,24 @@ def encode_delta(
     changes: Mapping[bytes, bytes | None],
     meta: StateMeta,
     max_body: int = MAX_BODY,
+    at: int | None = None,
 ) -> list[bytes]:
-    """The message bodies of one commit: one inline body, or parts of at most ``max_body``."""
+    """The message bodies of one commit: one inline body, or parts of at most ``max_body``.
+
+    ``at``: the offset the first body must land at (part ``i`` at ``at + i``).
+    """
     pairs = [[key, value] for key, value in changes.items()]
     wire_meta = meta.to_wire()
     body = pack(
-        {"t": DELTA, "seq": seq, "id": write_id, "snap": snap, "changes": pairs, "meta": wire_meta}
+        {
+            "t": DELTA,
+            "seq": seq,
+            "id": write_id,
+            "snap": snap,
+            "changes": pairs,
+            "meta": wire_meta,
+            "at": at,
+        }
     )
     if len(body) <= max_body:
         return [body]
@@ -153,6 +182,7 @@ def encode_delta(
                 "part": i,
                 "parts": parts,
                 "data": payload[i * step : (i + 1) * step],
+                "at": None if at is None else at + i,
             }
         )
         for i in range(parts)
@@ -162,19 +192,39 @@ def encode_delta(
 def join_delta_parts(parts: list[Delta]) -> tuple[Changes, StateMeta]:
     """Changes and meta of a split delta from all of its parts, in part order."""
     payload = b"".join(p.data or b"" for p in sorted(parts, key=lambda p: p.part))
-    decoded = unpack(payload)
+    try:
+        decoded = unpack(payload)
+    except PackingError as exc:
+        raise StateFormatError(f"split delta of seq {parts[0].seq}: {exc}") from exc
     if not isinstance(decoded, list) or len(decoded) != 2:
         raise StateFormatError(f"split delta of seq {parts[0].seq} does not decode to a pair")
     return _changes(decoded[0]), StateMeta.from_wire(decoded[1])
 
 
-def encode_snap_begin(seq: int, write_id: bytes, snap: int | None, meta: StateMeta) -> bytes:
+def encode_snap_begin(
+    seq: int, write_id: bytes, snap: int | None, meta: StateMeta, at: int | None = None
+) -> bytes:
     """Body of a snapshot's first message."""
-    return pack({"t": SNAP_BEGIN, "seq": seq, "id": write_id, "snap": snap, "meta": meta.to_wire()})
+    return pack(
+        {
+            "t": SNAP_BEGIN,
+            "seq": seq,
+            "id": write_id,
+            "snap": snap,
+            "meta": meta.to_wire(),
+            "at": at,
+        }
+    )
 
 
 def encode_snap_chunk(
-    seq: int, write_id: bytes, snap: int | None, index: int, begin: int, data: bytes
+    seq: int,
+    write_id: bytes,
+    snap: int | None,
+    index: int,
+    begin: int,
+    data: bytes,
+    at: int | None = None,
 ) -> bytes:
     """Body of one slice of a snapshot's key/value stream."""
     return pack(
@@ -186,11 +236,14 @@ def encode_snap_chunk(
             "i": index,
             "begin": begin,
             "data": data,
+            "at": at,
         }
     )
 
 
-def encode_snap_end(seq: int, write_id: bytes, begin: int, chunks: int, keys: int) -> bytes:
+def encode_snap_end(
+    seq: int, write_id: bytes, begin: int, chunks: int, keys: int, at: int | None = None
+) -> bytes:
     """Body of a snapshot's last message; its ``snap`` is the snapshot itself."""
     return pack(
         {
@@ -201,13 +254,17 @@ def encode_snap_end(seq: int, write_id: bytes, begin: int, chunks: int, keys: in
             "begin": begin,
             "chunks": chunks,
             "keys": keys,
+            "at": at,
         }
     )
 
 
 def decode_record(body: bytes) -> ChangelogRecord:
     """Parse one state-topic message; raises :class:`StateFormatError` if it is none."""
-    raw = unpack(body)
+    try:
+        raw = unpack(body)
+    except PackingError as exc:
+        raise StateFormatError(f"undecodable state-topic message: {exc}") from exc
     if not isinstance(raw, dict):
         raise StateFormatError(f"state-topic message is not a map: {raw!r:.200}")
     try:
@@ -219,22 +276,30 @@ def decode_record(body: bytes) -> ChangelogRecord:
 def _decode(raw: dict[str, Any]) -> ChangelogRecord:
     kind = raw["t"]
     seq, write_id, snap = int(raw["seq"]), bytes(raw["id"]), raw["snap"]
+    at = None if raw.get("at") is None else int(raw["at"])
     if kind == DELTA:
         if "parts" in raw:
-            return Delta(seq, write_id, snap, int(raw["part"]), int(raw["parts"]), data=raw["data"])
+            return Delta(
+                seq, write_id, snap, int(raw["part"]), int(raw["parts"]), data=raw["data"], at=at
+            )
         return Delta(
             seq,
             write_id,
             snap,
             changes=_changes(raw["changes"]),
             meta=StateMeta.from_wire(raw["meta"]),
+            at=at,
         )
     if kind == SNAP_BEGIN:
-        return SnapBegin(seq, write_id, snap, StateMeta.from_wire(raw["meta"]))
+        return SnapBegin(seq, write_id, snap, StateMeta.from_wire(raw["meta"]), at)
     if kind == SNAP_CHUNK:
-        return SnapChunk(seq, write_id, snap, int(raw["i"]), int(raw["begin"]), bytes(raw["data"]))
+        return SnapChunk(
+            seq, write_id, snap, int(raw["i"]), int(raw["begin"]), bytes(raw["data"]), at
+        )
     if kind == SNAP_END:
-        return SnapEnd(seq, write_id, snap, int(raw["begin"]), int(raw["chunks"]), int(raw["keys"]))
+        return SnapEnd(
+            seq, write_id, snap, int(raw["begin"]), int(raw["chunks"]), int(raw["keys"]), at
+        )
     raise StateFormatError(f"unknown state record kind {kind!r}")
 
 

@@ -8,6 +8,9 @@ snapshot the deltas are replayed from the queue's first stored offset.
 
 Rules that make the replay exact:
 
+- a record stored at another offset than the one it names (``at``) is void:
+  it lost a race with another writer and is skipped
+  (:mod:`stream_assets.state.records`);
 - a delta is applied (values + meta, one WriteBatch) only when all its parts
   are present; parts group by write id, so a crashed attempt never mixes with
   its retry;
@@ -33,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.state.codec import StreamUnpacker
+from stream_assets.serde.packing import PackingError, StreamUnpacker
 from stream_assets.state.errors import StateFormatError, StateRestoreError
 from stream_assets.state.meta import StateMeta
 from stream_assets.state.records import (
@@ -44,6 +47,7 @@ from stream_assets.state.records import (
     SnapChunk,
     SnapEnd,
     decode_record,
+    is_void,
     join_delta_parts,
 )
 from stream_assets.state.store import QueueStateStore
@@ -97,16 +101,21 @@ def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> Messag
 def _last_record(
     admin: RocketMQAdmin, reader: QueueReader, queue: MessageQueue
 ) -> tuple[ChangelogRecord | None, int, int]:
+    """The last valid record of the queue, with the queue's min and max offsets."""
     low, high = admin.min_offset(queue), admin.max_offset(queue)
-    if high <= low:
-        return None, low, high
-    batch = reader.pull(queue, high - 1, 1)
-    if not batch.records:
-        raise StateRestoreError(
-            f"cannot read the last message ({high - 1}) of {queue.topic}[{queue.queue_id}]: "
-            f"{batch.status.value}"
-        )
-    return decode_record(batch.records[0].body), low, high
+    offset = high - 1
+    while offset >= low:
+        batch = reader.pull(queue, offset, 1)
+        if not batch.records:
+            raise StateRestoreError(
+                f"cannot read message {offset} of {queue.topic}[{queue.queue_id}]: "
+                f"{batch.status.value}"
+            )
+        record = decode_record(batch.records[0].body)
+        if not is_void(record, batch.records[0].queue_offset):
+            return record, low, high
+        offset -= 1  # a fenced writer's record: the valid history ends before it
+    return None, low, high
 
 
 def topic_seq(admin: RocketMQAdmin, reader: QueueReader, state_topic: str, queue_id: int) -> int:
@@ -118,25 +127,37 @@ def topic_seq(admin: RocketMQAdmin, reader: QueueReader, state_topic: str, queue
     return 0 if last is None else last.written_seq
 
 
-def local_is_current(
-    store: QueueStateStore,
-    state_topic: str,
-    queue_id: int,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
-) -> bool:
-    """Whether the local store holds every commit in the state topic (no restore needed).
+def is_current(meta: StateMeta, log_end: int) -> bool:
+    """Whether a store with ``meta`` holds the whole state queue that ends at ``log_end``.
 
-    False means the local store is behind (another instance committed after
-    it, or it crashed between changelog and local commit): wipe and restore.
+    The store's own log end (where its last write ended, or where its restore
+    stopped) must equal the queue's end offset: anything appended since, by
+    another executor, instance or a crashed attempt, means restore first.
+
+    >>> is_current(StateMeta(log_end=12), 12), is_current(StateMeta(log_end=12), 14)
+    (True, False)
+    >>> is_current(StateMeta(), 0)  # a fresh store on an empty queue
+    True
+    """
+    return (meta.log_end or 0) == log_end
+
+
+def local_is_current(
+    store: QueueStateStore, state_topic: str, queue_id: int, admin: RocketMQAdmin
+) -> bool:
+    """Whether the local store holds every record of its state queue (one offset query).
+
+    False means the local store is behind (another executor or instance
+    wrote after it, or it crashed between changelog and local commit): wipe
+    and restore.
 
     Example::
 
-        >>> if not local_is_current(store, "wc-state", 2, admin, reader):  # doctest: +SKIP
+        >>> if not local_is_current(store, "wc-state", 2, admin):  # doctest: +SKIP
         ...     store.wipe()
         ...     restore_queue(store, "wc-state", 2, admin, reader)
     """
-    return store.meta.seq >= topic_seq(admin, reader, state_topic, queue_id)
+    return is_current(store.meta, admin.max_offset(state_queue(admin, state_topic, queue_id)))
 
 
 def restore_queue(
@@ -192,6 +213,8 @@ def restore_queue(
         replay.reset()
         snapshot = fallback
     replay.report()
+    # Current as of the end it read to: the next commit must land exactly there.
+    store.update_meta(replace(store.meta, log_end=high))
     return RestoreResult(
         queue_id=queue_id,
         keys=store.key_count(),
@@ -263,7 +286,9 @@ class _Replay:
             self.bytes += len(record.body)
             if self.messages % _PROGRESS_EVERY == 0:
                 self.report()
-            yield record.queue_offset, decode_record(record.body)
+            decoded = decode_record(record.body)
+            if not is_void(decoded, record.queue_offset):
+                yield record.queue_offset, decoded
 
     # -- snapshot ----------------------------------------------------------
 
@@ -293,7 +318,11 @@ class _Replay:
                 if record.index > expected:
                     return head.snap
                 expected += 1
-                for obj in unpacker.feed(record.data):
+                try:
+                    objs = list(unpacker.feed(record.data))
+                except PackingError as exc:
+                    raise StateFormatError(f"snapshot at {begin}: {exc}") from exc
+                for obj in objs:
                     if not isinstance(obj, bytes):
                         raise StateFormatError(f"snapshot at {begin} holds a non-bytes {obj!r:.80}")
                     if key is None:

@@ -8,6 +8,7 @@ either before or after the whole batch, so replaying the batch is idempotent.
 
 RocksDB locks a database to one process, so the engine opens a store per task
 and closes it afterwards; opening is a plain RocksDB open (no scans).
+:meth:`key_count` scans; per-batch statistics use :meth:`estimated_key_count`.
 
 Example::
 
@@ -146,6 +147,11 @@ class QueueStateStore:
     def key_count(self) -> int:
         """Exact number of user keys (a full scan of the keys)."""
         return sum(1 for _ in self.items())
+
+    def estimated_key_count(self) -> int:
+        """RocksDB's estimate of the number of keys (O(1); exact only after compaction)."""
+        value = self._opened().property_int_value("rocksdb.estimate-num-keys")
+        return max(0, int(value or 0) - 1)  # less the meta key
 
     def is_empty(self) -> bool:
         """True for a fresh store: no commit yet and no user key."""

@@ -4,34 +4,39 @@ A stateful queue reads records that came from several source queues
 ("origins"), each read at its own pace. Taking the plain max event time would
 let one fast origin make a slow origin's on-time records late, so the tracker
 keeps the max event time per origin and uses the minimum over origins, minus
-the allowed lateness. An origin not seen for longer than the idle timeout
-drops out of the minimum, so a quiet queue cannot stall every window. The
-watermark never goes backwards, and ``to_dict``/``from_dict`` persist it with
-the task's state.
+the allowed lateness. An origin that is *idle* drops out of the minimum, so a
+quiet queue cannot stall every window.
+
+Idleness is not the tracker's to guess: the caller says which origins are
+idle, judged by the broker's offsets (the source queue's end offset has not
+moved for the idle timeout and everything in it was processed), never by the
+processing-time gap between batches, so a slow batch cannot fire a window.
+The watermark never goes backwards, and ``to_dict``/``from_dict`` persist it
+with the task's state.
 
 Example: a fast and a slow origin; the slow one holds the watermark back
-until it has been idle past the timeout::
+until its source queue is idle::
 
-    >>> tracker = WatermarkTracker(allowed_lateness_ms=0, idle_timeout_ms=1_000)
-    >>> tracker.observe(origin=0, event_time=50_000, now=0)  # fast queue
-    >>> tracker.observe(origin=1, event_time=10_000, now=0)  # slow queue
-    >>> tracker.watermark(now=500)
+    >>> tracker = WatermarkTracker(allowed_lateness_ms=0)
+    >>> tracker.observe(origin=0, event_time=50_000)  # fast queue
+    >>> tracker.observe(origin=1, event_time=10_000)  # slow queue
+    >>> tracker.watermark()
     10000
-    >>> tracker.observe(origin=0, event_time=52_000, now=1_400)
-    >>> tracker.watermark(now=1_600)  # origin 1 silent for 1.6 s > 1 s
-    52000
-    >>> window_closed(Window(10_000, 20_000), tracker.watermark(now=1_600))
+    >>> tracker.watermark(idle={1})  # queue 1 stopped growing for the idle timeout
+    50000
+    >>> window_closed(Window(10_000, 20_000), tracker.watermark())
     True
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 
 from stream_assets.windows.assigners import Window
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+#: Version 1 also kept per-origin processing times for idleness; they are ignored.
+_READABLE = (1, 2)
 
 
 def _closed(window_end: int, watermark: int | None) -> bool:
@@ -48,12 +53,6 @@ def window_closed(window: Window, watermark: int | None) -> bool:
     (False, True)
     """
     return _closed(window.end, watermark)
-
-
-@dataclass(slots=True)
-class _Origin:
-    max_event_time: int | None  # None: expected but nothing seen yet
-    last_seen: int
 
 
 def _int(value: object, what: str) -> int:
@@ -73,23 +72,20 @@ def _non_negative(value: int, what: str) -> int:
 class WatermarkTracker:
     """Per-origin event-time progress of one stateful queue.
 
-    ``now`` is processing time in ms (wall clock of the task); it only decides
-    which origins are idle.
-
-    >>> t = WatermarkTracker(allowed_lateness_ms=5_000, idle_timeout_ms=60_000)
-    >>> t.watermark(now=0) is None
+    >>> t = WatermarkTracker(allowed_lateness_ms=5_000)
+    >>> t.watermark() is None
     True
-    >>> t.observe(origin=3, event_time=20_000, now=0)
-    >>> (t.watermark(now=0), t.is_late(window_end=15_000, now=0))
+    >>> t.observe(origin=3, event_time=20_000)
+    >>> (t.watermark(), t.is_late(window_end=15_000))
     (15000, True)
     """
 
-    __slots__ = ("_allowed_lateness_ms", "_idle_timeout_ms", "_last_watermark", "_origins")
+    __slots__ = ("_allowed_lateness_ms", "_last_watermark", "_origins")
 
-    def __init__(self, allowed_lateness_ms: int, idle_timeout_ms: int) -> None:
+    def __init__(self, allowed_lateness_ms: int) -> None:
         self._allowed_lateness_ms = _non_negative(allowed_lateness_ms, "allowed_lateness_ms")
-        self._idle_timeout_ms = _non_negative(idle_timeout_ms, "idle_timeout_ms")
-        self._origins: dict[int, _Origin] = {}
+        #: origin -> max event time seen (None: expected, nothing seen yet).
+        self._origins: dict[int, int | None] = {}
         self._last_watermark: int | None = None
 
     @property
@@ -98,83 +94,70 @@ class WatermarkTracker:
         return self._allowed_lateness_ms
 
     @property
-    def idle_timeout_ms(self) -> int:
-        """Processing time after which a silent origin stops holding the watermark."""
-        return self._idle_timeout_ms
-
-    @property
     def last_watermark(self) -> int | None:
         """The highest watermark returned so far (the floor), or None."""
         return self._last_watermark
 
-    def expect(self, origin: int, now: int) -> None:
+    def expect(self, origin: int) -> None:
         """Declare a source queue that may send records but has sent none yet.
 
-        Until it sends or stays silent past the idle timeout (counted from
-        ``now``), it holds the watermark back: otherwise a fast queue alone
-        would advance it and make the slow queue's on-time records late.
+        Until it sends or is idle, it holds the watermark back: otherwise a
+        fast queue alone would advance it and make the slow queue's on-time
+        records late.
         """
-        if origin not in self._origins:
-            self._origins[origin] = _Origin(None, now)
+        self._origins.setdefault(origin, None)
 
-    def observe(self, origin: int, event_time: int, now: int) -> None:
+    def observe(self, origin: int, event_time: int) -> None:
         """Record that a record from source queue ``origin`` with ``event_time`` arrived."""
         seen = self._origins.get(origin)
-        if seen is None:
-            self._origins[origin] = _Origin(event_time, now)
-            return
-        seen.max_event_time = (
-            event_time if seen.max_event_time is None else max(seen.max_event_time, event_time)
-        )
-        # A clock step back must not make a live origin look idle sooner.
-        seen.last_seen = max(seen.last_seen, now)
+        self._origins[origin] = event_time if seen is None else max(seen, event_time)
 
-    def watermark(self, now: int) -> int | None:
-        """The current watermark at processing time ``now``; None before any record.
+    def origins(self) -> tuple[int, ...]:
+        """Every origin expected or seen, in id order."""
+        return tuple(sorted(self._origins))
 
-        Minimum max event time over non-idle origins, minus the allowed
-        lateness; if every origin is idle, the maximum over all of them, so
-        windows still fire when input stops. Never lower than a value it
-        returned before.
+    def max_event_time(self, origin: int) -> int | None:
+        """The highest event time seen from ``origin`` (None: nothing yet)."""
+        return self._origins.get(origin)
+
+    def watermark(self, idle: Collection[int] = ()) -> int | None:
+        """The current watermark, origins in ``idle`` left out; None before any record.
+
+        Minimum max event time over origins that are not idle, minus the
+        allowed lateness; if every origin is idle, the maximum over all of
+        them, so windows still fire when input stops. Never lower than a
+        value it returned before.
         """
-        active = [o for o in self._origins.values() if now - o.last_seen <= self._idle_timeout_ms]
-        if any(o.max_event_time is None for o in active):
+        active = [t for o, t in self._origins.items() if o not in idle]
+        if any(t is None for t in active):
             return self._last_watermark  # an expected origin has not spoken yet
-        seen = [o.max_event_time for o in self._origins.values() if o.max_event_time is not None]
+        seen = [t for t in self._origins.values() if t is not None]
         if not seen:
             return self._last_watermark
-        if active:
-            event_time = min(o.max_event_time for o in active if o.max_event_time is not None)
-        else:
-            event_time = max(seen)
+        event_time = min(t for t in active if t is not None) if active else max(seen)
         computed = event_time - self._allowed_lateness_ms
         if self._last_watermark is None or computed > self._last_watermark:
             self._last_watermark = computed
         return self._last_watermark
 
-    def is_late(self, window_end: int, now: int) -> bool:
-        """Whether the window ending at ``window_end`` has already closed at ``now``."""
-        return _closed(window_end, self.watermark(now))
+    def is_late(self, window_end: int, idle: Collection[int] = ()) -> bool:
+        """Whether the window ending at ``window_end`` has already closed."""
+        return _closed(window_end, self.watermark(idle))
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON/msgpack-friendly state (str keys, int values).
 
-        >>> t = WatermarkTracker(allowed_lateness_ms=0, idle_timeout_ms=10)
-        >>> t.observe(origin=1, event_time=7, now=100)
-        >>> WatermarkTracker.from_dict(t.to_dict()).watermark(now=100)
+        >>> t = WatermarkTracker(allowed_lateness_ms=0)
+        >>> t.observe(origin=1, event_time=7)
+        >>> WatermarkTracker.from_dict(t.to_dict()).watermark()
         7
         """
         d: dict[str, object] = {
             "version": _FORMAT_VERSION,
             "allowed_lateness_ms": self._allowed_lateness_ms,
-            "idle_timeout_ms": self._idle_timeout_ms,
             "origins": {
-                str(origin): (
-                    {"last_seen": o.last_seen}
-                    if o.max_event_time is None
-                    else {"max_event_time": o.max_event_time, "last_seen": o.last_seen}
-                )
-                for origin, o in sorted(self._origins.items())
+                str(origin): {} if t is None else {"max_event_time": t}
+                for origin, t in sorted(self._origins.items())
             },
         }
         # Omitted rather than None so the state holds nothing but ints.
@@ -184,14 +167,11 @@ class WatermarkTracker:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> WatermarkTracker:
-        """The tracker ``to_dict`` described, floor included."""
+        """The tracker ``to_dict`` described, floor included (version 1's idle data ignored)."""
         version = d.get("version")
-        if version != _FORMAT_VERSION:
+        if version not in _READABLE:
             raise ValueError(f"watermark state: unsupported version {version!r}")
-        tracker = cls(
-            _int(d.get("allowed_lateness_ms"), "allowed_lateness_ms"),
-            _int(d.get("idle_timeout_ms"), "idle_timeout_ms"),
-        )
+        tracker = cls(_int(d.get("allowed_lateness_ms"), "allowed_lateness_ms"))
         origins = d.get("origins")
         if not isinstance(origins, Mapping):
             raise ValueError(f"watermark state: origins must be a mapping, got {origins!r}")
@@ -202,11 +182,10 @@ class WatermarkTracker:
                 raise ValueError(f"watermark state: bad origin id {key!r}") from None
             if not isinstance(value, Mapping):
                 raise ValueError(f"watermark state: origin {key!r} must be a mapping")
-            tracker._origins[origin] = _Origin(
+            tracker._origins[origin] = (
                 None
                 if "max_event_time" not in value
-                else _int(value.get("max_event_time"), f"origin {key} max_event_time"),
-                _int(value.get("last_seen"), f"origin {key} last_seen"),
+                else _int(value.get("max_event_time"), f"origin {key} max_event_time")
             )
         if "last_watermark" in d:
             tracker._last_watermark = _int(d["last_watermark"], "last_watermark")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
+from stream_assets.control.registry import TopologyRegistration
 from stream_assets.examples import wordcount
-from stream_assets.ops.registry import TopologyRegistration
 from stream_assets.plan.topology import Topology
 
 NAME = f"it-dg-{os.environ.get('STREAM_ASSETS_TEST_RUN_ID', 'local')}"

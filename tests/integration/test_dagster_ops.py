@@ -26,9 +26,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from stream_assets.ops.desired_state import DesiredStateStore, heartbeats
-from stream_assets.ops.lineage import topic_asset_key
-from stream_assets.ops.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
+from stream_assets.control.desired_state import DesiredStateStore, heartbeats
+from stream_assets.control.lineage import topic_asset_key
+from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import PROJECT_ROOT, RocketMQSettings
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until

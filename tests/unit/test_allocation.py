@@ -5,8 +5,7 @@ import random
 
 import pytest
 
-from stream_assets.examples import windowed_sum, wordcount
-from stream_assets.ops.allocation import (
+from stream_assets.control.allocation import (
     Allocation,
     Move,
     allocate,
@@ -15,6 +14,7 @@ from stream_assets.ops.allocation import (
     moves,
     topology_queues,
 )
+from stream_assets.examples import windowed_sum, wordcount
 
 
 def reference_average(queues: list[int], index: int, count: int) -> list[int]:
@@ -263,3 +263,20 @@ def test_wordcount_allocation_feeds_instance_assignment() -> None:
     # Instance(assignment=...) reads exactly these topics: every stage's input.
     assert set(share) == {s.input_topic for s in t.stages}
     assert share == {"sourceTopic": [0, 1], "wordcount__shuffle__key_by-2": [0, 1, 2, 3]}
+
+
+def test_assigns_is_exact_ownership_of_an_instance_share() -> None:
+    old = allocate({"t": [0, 1, 2, 3], "u": [0, 1]}, 2)
+    new = allocate({"t": [0, 1, 2, 3], "u": [0, 1]}, 3, "sticky", previous=old)
+    # A run keeps serving while its share is unchanged, whatever the generation.
+    assert new.assigns(0, old.for_instance(0))
+    assert not new.assigns(1, old.for_instance(1))
+    assert new.assigns(2, new.for_instance(2))
+    # Tuples (or any sequence) compare like the lists of a JSON-decoded assignment.
+    assert new.assigns(0, {t: tuple(qs) for t, qs in new.for_instance(0).items()})
+    # Scaled in, untagged (-1), or unmanaged (None: every queue): owns nothing here.
+    assert not old.assigns(2, new.for_instance(2))
+    assert not new.assigns(-1, new.for_instance(0))
+    assert not new.assigns(0, None)
+    # A share missing a topic (even an empty one) is not the same share.
+    assert not new.assigns(2, {"t": new.for_instance(2)["t"]})

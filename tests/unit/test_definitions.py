@@ -8,21 +8,21 @@ import pytest
 
 from jobs.schedules import scale_run_config, scale_schedules
 from resources import RocksDBStateStoreResource, SparkResource
-from stream_assets.examples import windowed_sum, wordcount
-from stream_assets.ops.lineage import (
+from stream_assets.control.lineage import (
     SHARED_GROUP,
     lineage_asset_specs,
     topic_asset_key,
     topology_asset_key,
     topology_asset_specs,
 )
-from stream_assets.ops.registry import (
+from stream_assets.control.registry import (
     REGISTRY,
     TARGET_INSTANCES_TAG,
     TOPOLOGY_TAG,
     ScaleSchedule,
     TopologyRegistration,
 )
+from stream_assets.examples import windowed_sum, wordcount
 from stream_assets.state.store import QueueStateStore
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from stream_assets.ops.allocation import allocate
-from stream_assets.ops.desired_state import (
+from stream_assets.control.allocation import allocate
+from stream_assets.control.desired_state import (
     DesiredState,
     DesiredStateStore,
     Heartbeat,
@@ -70,7 +70,7 @@ def test_state_is_durable_across_instances_and_processes(dagster_home: Path) -> 
     script = textwrap.dedent(
         """
         import dagster as dg
-        from stream_assets.ops.desired_state import DesiredStateStore, heartbeats
+        from stream_assets.control.desired_state import DesiredStateStore, heartbeats
         with dg.DagsterInstance.get() as inst:
             state = DesiredStateStore(inst).get("windowed-sum")
             beat = heartbeats(inst, ["run-1"])["run-1"]

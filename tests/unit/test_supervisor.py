@@ -8,11 +8,16 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.instance_job import instance_job
+from jobs.instance_job import instance_job, instance_run_config
 from jobs.supervisor import STARTUP_GRACE_S, plan_topology
-from stream_assets.ops.allocation import allocate
-from stream_assets.ops.desired_state import DesiredState, record_heartbeat
-from stream_assets.ops.registry import GENERATION_TAG, IDLE_TAG, INSTANCE_INDEX_TAG
+from stream_assets.control.allocation import allocate, changed_instances
+from stream_assets.control.desired_state import DesiredState, record_heartbeat
+from stream_assets.control.registry import (
+    GENERATION_TAG,
+    IDLE_TAG,
+    INSTANCE_INDEX_TAG,
+    TOPOLOGY_TAG,
+)
 
 NAME = "wc"
 QUEUES = {"wc-src": [0, 1], "wc-shuffle": [0, 1, 2, 3]}
@@ -107,3 +112,26 @@ def test_a_run_that_never_beats_is_relaunched_after_the_grace(
     assert _requests(instance, state, now=time.time()) == []
     (relaunch,) = _requests(instance, state, now=time.time() + STARTUP_GRACE_S + 1)
     assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+
+
+def test_runs_whose_share_changed_no_longer_serve(instance: dg.DagsterInstance) -> None:
+    old = allocate(QUEUES, 2)
+    now = time.time()
+    for request in _requests(instance, DesiredState(2, old), now=now):
+        run = _start(instance, request)
+        index = int(request.tags[INSTANCE_INDEX_TAG])
+        record_heartbeat(instance, NAME, old.generation, index, run.run_id, ts=now)
+    # A run started by hand without an instance index serves no index (and is no error).
+    _start(
+        instance,
+        dg.RunRequest(
+            run_config=instance_run_config(NAME, old.generation, 0, old.for_instance(0)),
+            tags={TOPOLOGY_TAG: NAME},
+        ),
+    )
+    new = allocate(QUEUES, 3, "sticky", previous=old)
+    requests = _requests(instance, DesiredState(3, new), now=now)
+    # Instance 0's share survives the scale, so its run (of the older generation)
+    # keeps serving; instance 1's share changed and instance 2 is new.
+    assert sorted(changed_instances(old, new)) == [1, 2]
+    assert sorted(int(r.tags[INSTANCE_INDEX_TAG]) for r in requests) == [1, 2]

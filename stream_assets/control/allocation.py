@@ -103,6 +103,29 @@ class Allocation:
                 return index
         return None
 
+    def assigns(self, index: int, assignment: Mapping[str, Sequence[int]] | None) -> bool:
+        """Whether an instance run started as ``index`` on ``assignment`` owns its share here.
+
+        This is the ownership test of the control plane: the supervisor keeps
+        such a run instead of launching one, the scale job keeps it running
+        instead of stopping it and counts it as ready, and the run itself
+        stops when it no longer holds (superseded). The generation is not
+        compared on purpose: a run whose share a scale leaves unchanged keeps
+        running across it (only changed instances restart), and the state
+        store's generation fence guards the queues that did move. An index
+        outside the allocation (scaled in, or an untagged run's -1) or an
+        assignment of ``None`` (every queue, unmanaged) owns nothing.
+
+        Example::
+
+            >>> a = allocate({"t": [0, 1, 2]}, 2)
+            >>> a.assigns(0, {"t": [0, 1]}), a.assigns(1, {"t": [0, 1]}), a.assigns(2, {"t": []})
+            (True, False, False)
+        """
+        if assignment is None or not 0 <= index < self.instances:
+            return False
+        return self.for_instance(index) == {t: list(qs) for t, qs in assignment.items()}
+
     def idle_instances(self) -> list[int]:
         """Instances that own no queue at all (more instances than queues)."""
         return [i for i, share in enumerate(self.assignment) if not any(share.values())]

@@ -3,7 +3,7 @@
 Two things must outlive any one run, sensor tick or code-server restart:
 
 - each topology's **desired state**: how many instances it should have and the
-  current :class:`~stream_assets.ops.allocation.Allocation` (which queues each
+  current :class:`~stream_assets.control.allocation.Allocation` (which queues each
   instance owns, under which generation); the scale job writes it, the
   supervisor sensor reads it;
 - each running instance's **heartbeat**: Dagster's default run launcher never
@@ -34,7 +34,7 @@ from typing import Any
 
 import dagster as dg
 
-from stream_assets.ops.allocation import Allocation
+from stream_assets.control.allocation import Allocation
 
 #: Every key this module writes starts with this, apart from the daemons' own keys.
 KEY_PREFIX = "stream_assets/"

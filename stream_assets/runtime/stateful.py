@@ -1,45 +1,46 @@
-"""A stateful stage on one shuffle queue: aggregate, fire windows, emit, commit.
+"""A stateful stage on one shuffle queue: aggregate, fire windows, emit, checkpoint.
 
-Per micro-batch and queue (DESIGN section 3):
+Pure: records come in as an iterable, outputs and changelog leave through a
+:class:`~stream_assets.runtime.ports.Sender`, state lives in the queue's
+:class:`~stream_assets.state.store.QueueStateStore`, which the caller has
+proven current against the state topic. Per micro-batch and queue
+(DESIGN section 3):
 
-1. Open the queue's RocksDB; if it is behind the state topic (another instance
-   owned the queue, or it was deleted) wipe it and restore from the topic.
+1. Fence: a newer generation recorded in the state means another instance owns
+   the queue; fail before sending anything.
 2. Apply every shuffle record whose origin (source queue, offset, sub-index)
    is above the highest origin already applied from that source queue; skip
    the rest (exactly once across the shuffle).
 3. Judge lateness against the watermark as it stood at the start of the batch
    (so results do not depend on how records were grouped into messages), then
    advance the per-origin watermark and fire every window whose end it passed.
-   A queue idle past the idle timeout fires all its open windows.
+   Origins the caller reports idle (judged by broker offsets, never by the
+   time between batches) leave the watermark's minimum; when every origin is
+   idle, all open windows fire.
 4. Emit results (fired windows; for unwindowed aggregates the new value of
    every key changed in the batch) to the stage's sinks, at least once.
-5. Commit values, origins, input offset and watermark in one WriteBatch, with
-   the changelog record sent first.
+5. Checkpoint: values, origins, input offset, watermark and owner in one
+   WriteBatch, the changelog record sent first and compare-and-appended.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from stream_assets.operators.chain import OperatorChain, UserFunctionError
 from stream_assets.plan import nodes as n
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.clients import admin_for, reader_for
-from stream_assets.runtime.outputs import StageOutputs
-from stream_assets.runtime.shuffle_codec import (
-    decode,
-    decode_key,
-    encode_key,
-    pack_value,
-    unpack_value,
-)
-from stream_assets.runtime.task_context import TaskContext, TaskStats
+from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.outputs import StageOutputs, dead_letter
+from stream_assets.runtime.ports import Sender
+from stream_assets.runtime.shuffle_codec import decode, decode_key, encode_key
+from stream_assets.serde.packing import pack, unpack
 from stream_assets.state.changelog import ChangelogWriter, commit_with_changelog
-from stream_assets.state.restore import local_is_current, restore_queue
+from stream_assets.state.errors import FencedError
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import WatermarkTracker, Window, merge_sessions, window_closed
 
@@ -70,85 +71,61 @@ class _BatchState:
         if key in self.cache:
             return self.cache[key]
         raw = self.store.get(key)
-        value = None if raw is None else unpack_value(raw)
+        value = None if raw is None else unpack(raw)
         self.cache[key] = value
         return value
 
     def put(self, key: bytes, value: Any) -> None:
         self.cache[key] = value
-        self.changes[key] = None if value is None else pack_value(value)
+        self.changes[key] = None if value is None else pack(value)
 
 
-class FencedError(RuntimeError):
-    """An instance of an older generation tried to process a queue it no longer owns."""
+def check_owner(ctx: StageContext, store: QueueStateStore) -> None:
+    """Raise :class:`FencedError` if a newer generation committed this queue's state."""
+    owner = store.meta.generation
+    if owner > ctx.generation:
+        raise FencedError(
+            f"{ctx.stage.input_topic}[{store.queue_id}] belongs to generation {owner} "
+            f"({store.meta.writer or 'unknown writer'}); this instance is generation "
+            f"{ctx.generation} and must not commit for it: it should stop"
+        )
 
 
-def now_ms() -> int:
-    """Processing time, epoch ms."""
-    return int(time.time() * 1000)
+def run_keyed_batch(
+    ctx: StageContext,
+    queue_id: int,
+    end: int,
+    records: Iterable[Record],
+    store: QueueStateStore,
+    sender: Sender,
+    idle_origins: Collection[int] = (),
+) -> TaskStats:
+    """Apply shuffle ``records`` of queue ``queue_id`` (up to offset ``end``) to ``store``.
 
-
-def run_stateful(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
-    """Process shuffle offsets ``start`` .. ``end`` of queue ``queue_id``."""
+    ``idle_origins``: source queues whose end offset has not moved for the
+    idle timeout and that were processed to their end, so nothing more can
+    come from them for now.
+    """
     agg = ctx.stage.aggregate
     assert agg is not None and ctx.stage.state_topic is not None
     stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
-    settings = ctx.client_settings()
-    admin = admin_for(settings)
-    reader = reader_for(settings, f"{ctx.group}-state")
-    store = QueueStateStore(ctx.state_root, ctx.job_id, agg.op_id, queue_id)
-    store.open()
-    try:
-        # Within a run this process's commits keep the store current; only the
-        # first batch after a start can find it behind (moved queue, crash).
-        if queue_id not in ctx.seen_queues and not local_is_current(
-            store, ctx.stage.state_topic, queue_id, admin, reader
-        ):
-            store.wipe()
-            store.open()
-            result = restore_queue(store, ctx.stage.state_topic, queue_id, admin, reader)
-            stats.restored_keys = result.keys
-        owner = int(store.meta.extra.get("generation", 0))
-        if owner > ctx.generation:
-            # Fencing: a newer allocation gave this queue to another instance.
-            raise FencedError(
-                f"{ctx.stage.input_topic}[{queue_id}] belongs to generation {owner}; this "
-                f"instance is generation {ctx.generation} and must not commit for it"
-            )
-        _process(ctx, agg, store, stats, queue_id, start, end)
-        stats.state_keys = store.key_count()
-        stats.state_bytes = store.size_bytes()
-    finally:
-        store.close()
-    return stats
-
-
-def _process(
-    ctx: TaskContext,
-    agg: n.Aggregate,
-    store: QueueStateStore,
-    stats: TaskStats,
-    queue_id: int,
-    start: int,
-    end: int,
-) -> None:
+    check_owner(ctx, store)
     meta = store.next_meta()
     tracker = (
         WatermarkTracker.from_dict(meta.watermark)
         if meta.watermark
-        else WatermarkTracker(agg.allowed_lateness_ms, agg.idle_timeout_ms)
+        else WatermarkTracker(agg.allowed_lateness_ms)
     )
-    now = now_ms()
     for origin in ctx.source_queues:
-        tracker.expect(origin, now)
+        tracker.expect(origin)
+    idle = frozenset(idle_origins)
     closed_floor: int | None = meta.extra.get("closed")
-    wm_start = _max_opt(tracker.watermark(now), closed_floor)
+    wm_start = _max_opt(tracker.watermark(idle), closed_floor)
     state = _BatchState(store)
     acc_def = agg.accumulator
     late: list[tuple[Any, Any, int, str]] = []
     changed_plain: set[bytes] = set()
     got_input = False
-    reader = reader_for(ctx.client_settings(), ctx.group)
 
     def fold(
         key: Any, window: Window | None, partial: Any, count: int, value: Any, origin: str
@@ -170,7 +147,7 @@ def _process(
         if window is None:
             changed_plain.add(key_bytes)
 
-    for record in reader.read(ctx.input_queue(queue_id), start, end):
+    for record in records:
         body = decode(record.body)
         src = int(body["src"])
         applied = tuple(meta.origins.get(src, (-1, -1)))
@@ -189,8 +166,8 @@ def _process(
                     for w in windows:
                         fold(key, w, None, 1, value, f"{src}/{off}/{sub}")
                 except Exception as exc:
-                    _dead_letter(ctx, stats, record, agg.op_id, exc, value)
-                tracker.observe(src, ts, now)
+                    _dead_letter(ctx, sender, stats, record, agg.op_id, exc, value)
+                tracker.observe(src, ts)
         else:
             end_origin = tuple(body["end"])
             if end_origin <= applied:
@@ -202,14 +179,11 @@ def _process(
             for key, ws, we, partial, max_ts, count in body["comb"]:
                 window = Window(ws, we) if ws is not None else None
                 fold(key, window, partial, count, None, f"{src}/{end_origin[0]}")
-                tracker.observe(src, max_ts, now)
+                tracker.observe(src, max_ts)
         meta.origins[src] = (int(applied[0]), int(applied[1]))
 
-    last_input = int(meta.extra.get("last_input", now))
-    if got_input:
-        last_input = now
-    idle = now - last_input >= agg.idle_timeout_ms
-    watermark = tracker.watermark(now)
+    watermark = tracker.watermark(idle)
+    all_idle = bool(tracker.origins()) and idle.issuperset(tracker.origins())
     results: list[tuple[str, dict[str, Any]]] = []
     if agg.window is None:
         for key_bytes in sorted(changed_plain):
@@ -217,24 +191,31 @@ def _process(
             value = acc_def.result(state.get(_PLAIN + key_bytes))
             results.append((_result_key(key), {"key": key, **value}))
     else:
-        fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), idle, results)
+        fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), all_idle, results)
         stats.fired = len(results)
-        if idle and fired_end is not None:
+        if all_idle and fired_end is not None:
+            # Windows fired by idleness stay closed: later records for them are late.
             closed_floor = _max_opt(closed_floor, fired_end)
-    _emit(ctx, stats, agg, results, late)
+    _emit(ctx, sender, stats, agg, results, late)
 
     meta.input_offset = end
-    meta.extra["generation"] = ctx.generation
     meta.watermark = tracker.to_dict()
-    meta.extra["last_input"] = last_input
     if closed_floor is not None:
         meta.extra["closed"] = closed_floor
     stats.watermark = -1 if watermark is None else watermark
-    if state.changes or got_input or meta.extra.get("closed") != store.meta.extra.get("closed"):
-        writer = ChangelogWriter(
-            ctx.producer(), ctx.stage.state_topic or "", queue_id, ctx.snapshot_every
-        )
+    claim = store.meta.generation != ctx.generation or store.meta.writer != ctx.writer
+    meta.generation, meta.writer = ctx.generation, ctx.writer
+    if (
+        state.changes
+        or got_input
+        or claim
+        or meta.extra.get("closed") != store.meta.extra.get("closed")
+    ):
+        # A new owner commits even an empty batch: its generation in the state
+        # topic is what fences the previous owner.
+        writer = ChangelogWriter(sender, ctx.stage.state_topic, queue_id, ctx.snapshot_every)
         commit_with_changelog(store, state.changes, meta, writer)
+    return stats
 
 
 def _fold_session(
@@ -329,33 +310,34 @@ def _fire(
 
 
 def _emit(
-    ctx: TaskContext,
+    ctx: StageContext,
+    sender: Sender,
     stats: TaskStats,
     agg: n.Aggregate,
     results: list[tuple[str, dict[str, Any]]],
     late: list[tuple[Any, Any, int, str]],
 ) -> None:
-    outputs = StageOutputs(ctx, stats)
+    outputs = StageOutputs(ctx, sender, stats)
     chain = OperatorChain(ctx.stage.ops, outputs.emit)
     for result_key, value in results:
         outputs.origin = result_key
         try:
             chain.run(value, 0)
         except UserFunctionError as err:
-            _dead_letter(ctx, stats, None, err.op_id, err.cause, value)
+            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, value)
     if agg.late_topic:
-        producer = ctx.producer()
         for key, value, window_end, origin in late:
             body = json.dumps(
                 {"key": key, "value": value, "window_end": window_end}, default=str
             ).encode()
             # Keyed by the record's origin, so a replayed batch's copies de-duplicate.
-            producer.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
+            sender.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
     outputs.flush()
 
 
 def _dead_letter(
-    ctx: TaskContext,
+    ctx: StageContext,
+    sender: Sender,
     stats: TaskStats,
     record: Record | None,
     op_id: str,
@@ -364,8 +346,13 @@ def _dead_letter(
 ) -> None:
     body = json.dumps(value, default=str).encode()
     source = record or Record(ctx.stage.input_topic, -1, -1, body)
-    ctx.dead_letter(
-        stats, Record(source.topic, source.queue_id, source.queue_offset, body), op_id, exc
+    dead_letter(
+        ctx,
+        sender,
+        stats,
+        Record(source.topic, source.queue_id, source.queue_offset, body),
+        op_id,
+        exc,
     )
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from dagster._utils.schedules import is_valid_cron_string
 
+from stream_assets.control.allocation import STRATEGIES, Strategy
 from stream_assets.examples import EXAMPLES
-from stream_assets.ops.allocation import STRATEGIES, Strategy
 from stream_assets.plan.topology import Topology, validate_name
 
 #: Run tag: the topology (job id) a run belongs to.

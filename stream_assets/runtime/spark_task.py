@@ -1,0 +1,169 @@
+"""The Spark adapter: one queue of one stage, run inside a Spark task.
+
+Everything a task needs travels in the pickled :class:`TaskContext`: the plan
+of its stage, the engine numbers, and the whole client configuration
+(credentials as ``SecretStr``). Nothing here reads the executor's environment
+for settings. The one thing a task takes from the executor it runs on is
+*where its local disk is* (Spark's local directory), because the state of a
+queue must be on the machine that runs it.
+
+A stateful queue's task first proves its local RocksDB is current: the store's
+log end (where its last changelog write ended) must equal the state queue's
+end offset, one offset query. Spark may run a queue on any executor, and the
+Python Data Source API gives no preferred locations, so a queue that moved, or
+whose executor fell behind another's writes, restores from the state topic
+(latest snapshot + tail) before it applies anything. The changelog's
+compare-and-append then guarantees that no two executors or instances ever
+both extend a queue's history.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+
+from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.runtime.clients import admin_for, producer_for, reader_for
+from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.outage import ride_out_outage
+from stream_assets.runtime.stateful import check_owner, run_keyed_batch
+from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.settings import RocketMQSettings
+from stream_assets.state.errors import ChangelogConflictError
+from stream_assets.state.restore import is_current, restore_queue, state_queue
+from stream_assets.state.store import QueueStateStore
+
+_CONFLICT_ATTEMPTS = 3
+#: Spark's per-application directories under a configured local dir.
+_SPARK_APP_DIR = re.compile(r"^(blockmgr|spark|executor)-[0-9a-f-]{8,}$")
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """A stage context plus what a Spark task needs to reach the broker and its disk."""
+
+    stage: StageContext
+    rocketmq: RocketMQSettings
+    group: str
+    broker_name: str
+    #: None: the executor's own local directory (see :func:`executor_state_root`).
+    state_dir: str | None = None
+    #: Seconds a task retries while the broker is unreachable (runtime/outage.py).
+    broker_outage_s: float = 0.0
+
+    def input_queue(self, queue_id: int) -> MessageQueue:
+        """The stage's input queue ``queue_id``."""
+        return MessageQueue(self.stage.stage.input_topic, self.broker_name, queue_id)
+
+    def state_root(self) -> Path:
+        """Where this task keeps RocksDB state: the configured dir, else executor-local."""
+        return Path(self.state_dir) if self.state_dir else executor_state_root()
+
+
+def executor_state_root() -> Path:
+    """``stream-assets-state`` under this executor's configured Spark local directory.
+
+    Spark hands a Python worker its per-application block-manager directory in
+    ``SPARK_LOCAL_DIRS``; the state goes beside the application directories
+    (in the directory the worker was configured with), so it outlives one
+    application and a restarted instance on the same machine need not restore.
+    """
+    first = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
+    root = Path(first)
+    while _SPARK_APP_DIR.match(root.name):
+        root = root.parent
+    return root / "stream-assets-state"
+
+
+def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
+    """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
+    settings = ctx.rocketmq
+    records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
+    stats = run_source_batch(ctx.stage, queue_id, start, end, records, producer_for(settings))
+    stats.settings_digest = settings.digest()
+    return stats
+
+
+def run_stateful_queue(
+    ctx: TaskContext, queue_id: int, start: int, end: int, idle: tuple[int, ...]
+) -> TaskStats:
+    """One batch of a stateful queue: prove the store current (restore if not), then apply.
+
+    A changelog conflict (someone appended between the check and the write, or
+    a send was retried and stored twice) voids the attempt without a local
+    commit; the batch runs again from the check, which then restores. A
+    newer owner found after the restore raises :class:`FencedError`.
+    """
+    for attempt in range(_CONFLICT_ATTEMPTS):
+        try:
+            return _stateful_attempt(ctx, queue_id, start, end, idle)
+        except ChangelogConflictError:
+            if attempt == _CONFLICT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _stateful_attempt(
+    ctx: TaskContext, queue_id: int, start: int, end: int, idle: tuple[int, ...]
+) -> TaskStats:
+    stage = ctx.stage
+    agg = stage.stage.aggregate
+    assert agg is not None and stage.stage.state_topic is not None
+    settings = ctx.rocketmq
+    admin = admin_for(settings)
+    producer = producer_for(settings)
+    store = QueueStateStore(ctx.state_root(), stage.job_id, agg.op_id, queue_id)
+    store.open()
+    try:
+        began = time.monotonic()
+        log = state_queue(admin, stage.stage.state_topic, queue_id)
+        restores = restored_keys = 0
+        if not is_current(store.meta, admin.max_offset(log)):
+            store.wipe()
+            result = restore_queue(
+                store, stage.stage.state_topic, queue_id, admin, reader_for(settings, ctx.group)
+            )
+            restores, restored_keys = 1, result.keys
+        check_owner(stage, store)  # before reading or sending anything
+        currency_s = time.monotonic() - began
+        records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
+        stats = run_keyed_batch(stage, queue_id, end, records, store, producer, idle)
+        stats.restores, stats.restored_keys, stats.currency_s = restores, restored_keys, currency_s
+        stats.state_keys = store.estimated_key_count()
+        stats.state_bytes = store.size_bytes()
+    finally:
+        store.close()
+    stats.settings_digest = settings.digest()
+    return stats
+
+
+def task_fn(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a stage: one stats row per (queue, range) row."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for row in batch.to_pylist():
+                queue_id, start, end = int(row["queue_id"]), int(row["start"]), int(row["end"])
+                if ctx.stage.stage.stateful:
+                    step = partial(
+                        run_stateful_queue, ctx, queue_id, start, end, tuple(row["idle"] or ())
+                    )
+                else:
+                    step = partial(run_stateless_queue, ctx, queue_id, start, end)
+                # A queue's batch commits all or nothing: repeating it is a replay.
+                stats: TaskStats = ride_out_outage(
+                    step,
+                    budget_s=ctx.broker_outage_s,
+                    what=f"{ctx.stage.job_id} stage {ctx.stage.stage.index} queue {queue_id}",
+                )
+                yield stats.to_batch()
+
+    return task
