@@ -4,12 +4,10 @@ One configuration story for the CLI, the tests and the Dagster resources: every
 field can be set by an environment variable (prefix shown per class) and the
 Dagster resources in ``resources/`` are built from the same classes.
 
-Example::
+Example (the environment gives what the constructor does not)::
 
-    >>> import os
-    >>> os.environ["STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR"] = "127.0.0.1:9876"
-    >>> RocketMQSettings().namesrv_addr
-    '127.0.0.1:9876'
+    >>> RocketMQSettings(namesrv_addr="10.0.0.5:9876").namesrv_addrs
+    ['10.0.0.5:9876']
 """
 
 from __future__ import annotations

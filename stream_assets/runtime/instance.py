@@ -53,6 +53,8 @@ class StageMetrics:
     """Running totals of one stage, summed over its tasks."""
 
     batches: int = 0
+    #: Queue tasks run (one per queue per batch).
+    tasks: int = 0
     totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     last_batch_at: float = 0.0
     watermark: int = -1
@@ -255,6 +257,7 @@ class Instance:
             m = self.metrics[stage]
             m.batches += 1
             m.last_batch_at = time.time()
+            m.tasks += len(rows)
             for row in rows:
                 m.settings_digests.add(str(row.pop("settings_digest", "")))
                 if row.get("state_keys") or row.get("state_bytes"):

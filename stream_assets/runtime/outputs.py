@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from typing import Any
+from urllib.parse import quote
 
 from stream_assets.plan import nodes as n
 from stream_assets.rocketmq.records import Record
@@ -33,7 +34,7 @@ class StageOutputs:
         """An output of the chain fed by ``origin`` (a source record or a result key)."""
         if self.origin != self._last_origin:
             self._last_origin, self._seq = self.origin, 0
-        key = f"{self.ctx.job_id}/{node.op_id}/{self.origin}/{self._seq}"
+        key = message_key(self.ctx.job_id, node.op_id, self.origin, str(self._seq))
         self._seq += 1
         if isinstance(node, n.Sink):
             self.sender.send(node.topic, node.serializer(value), key=key)
@@ -46,6 +47,22 @@ class StageOutputs:
         sys.stdout.flush()
 
 
+def message_key(*parts: str) -> str:
+    """A message key RocketMQ stores as one key: parts joined by ``/``.
+
+    RocketMQ splits message keys at whitespace, so a result key like
+    ``new york`` would otherwise arrive as two keys: whitespace, unprintable
+    characters and ``%`` itself are percent-encoded; everything else is kept.
+
+    >>> message_key("wc", "sink-4", "new york", "0"), message_key("café\t%")
+    ('wc/sink-4/new%20york/0', 'café%09%25')
+    """
+    return "/".join(
+        "".join(quote(c) if c.isspace() or not c.isprintable() or c == "%" else c for c in part)
+        for part in parts
+    )
+
+
 def dead_letter(
     ctx: StageContext,
     sender: Sender,
@@ -53,15 +70,18 @@ def dead_letter(
     record: Record,
     op_id: str,
     exc: BaseException,
+    position: str | None = None,
 ) -> None:
     """Send a record that failed in ``op_id`` to the dead-letter topic, with the reason.
 
-    Keyed by the record's position, so a replayed batch's copy de-duplicates.
+    Keyed by the record's position (or ``position``, e.g. the origin of one
+    entry of a shuffle message), so a replayed batch's copy de-duplicates and
+    two different failures never share a key.
     """
     sender.send(
         ctx.dead_letter_topic,
         record.body,
-        key=f"{record.topic}/{record.queue_id}/{record.queue_offset}",
+        key=message_key(position or f"{record.topic}/{record.queue_id}/{record.queue_offset}"),
         properties={
             "reason": _property(f"{type(exc).__name__}: {exc}"),
             "operator": op_id,

@@ -76,8 +76,10 @@ class _BatchState:
         return value
 
     def put(self, key: bytes, value: Any) -> None:
+        # Packed first: a value the codec cannot hold fails before anything changes.
+        packed = None if value is None else pack(value)
         self.cache[key] = value
-        self.changes[key] = None if value is None else pack(value)
+        self.changes[key] = packed
 
 
 def check_owner(ctx: StageContext, store: QueueStateStore) -> None:
@@ -120,7 +122,10 @@ def run_keyed_batch(
         tracker.expect(origin)
     idle = frozenset(idle_origins)
     closed_floor: int | None = meta.extra.get("closed")
-    wm_start = _max_opt(tracker.watermark(idle), closed_floor)
+    # Lateness is judged against the watermark the previous batch left (what
+    # has fired), not one recomputed with this batch's idle set: an origin that
+    # became idle may still have on-time records in this very batch.
+    wm_start = _max_opt(tracker.last_watermark, closed_floor)
     state = _BatchState(store)
     acc_def = agg.accumulator
     late: list[tuple[Any, Any, int, str]] = []
@@ -166,7 +171,9 @@ def run_keyed_batch(
                     for w in windows:
                         fold(key, w, None, 1, value, f"{src}/{off}/{sub}")
                 except Exception as exc:
-                    _dead_letter(ctx, sender, stats, record, agg.op_id, exc, value)
+                    _dead_letter(
+                        ctx, sender, stats, record, agg.op_id, exc, value, f"{src}/{off}/{sub}"
+                    )
                 tracker.observe(src, ts)
         else:
             end_origin = tuple(body["end"])
@@ -324,7 +331,7 @@ def _emit(
         try:
             chain.run(value, 0)
         except UserFunctionError as err:
-            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, value)
+            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, value, result_key)
     if agg.late_topic:
         for key, value, window_end, origin in late:
             body = json.dumps(
@@ -343,17 +350,14 @@ def _dead_letter(
     op_id: str,
     exc: BaseException,
     value: Any,
+    position: str,
 ) -> None:
+    """Dead-letter one value of this stage (a shuffle entry or a result), as JSON."""
     body = json.dumps(value, default=str).encode()
-    source = record or Record(ctx.stage.input_topic, -1, -1, body)
-    dead_letter(
-        ctx,
-        sender,
-        stats,
-        Record(source.topic, source.queue_id, source.queue_offset, body),
-        op_id,
-        exc,
-    )
+    queue_id, offset = (record.queue_id, record.queue_offset) if record else (-1, -1)
+    failed = Record(ctx.stage.input_topic, queue_id, offset, body)
+    where = f"{ctx.stage.input_topic}/{op_id}/{position}"
+    dead_letter(ctx, sender, stats, failed, op_id, exc, where)
 
 
 def _result_key(key: Any) -> str:

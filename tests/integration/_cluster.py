@@ -378,7 +378,11 @@ class SparkCluster:
         )
 
     def __enter__(self) -> SparkCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.close(failed=True)  # __exit__ does not run for a failed __enter__
+            raise
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close(failed=exc_type is not None)

@@ -1,0 +1,759 @@
+"""Test a topology without a broker or Spark: the real engine core on in-memory topics.
+
+In the spirit of Kafka Streams' ``TopologyTestDriver``: :class:`TopologyTestDriver`
+runs any :class:`~stream_assets.plan.topology.Topology` with the same per-queue
+functions an instance runs inside its Spark tasks
+(:func:`~stream_assets.runtime.stateless.run_source_batch` for stage 0,
+:func:`~stream_assets.runtime.stateful.run_keyed_batch` for the stateful
+stage), a real :class:`~stream_assets.state.store.QueueStateStore` (RocksDB)
+per shuffle queue in a temporary directory, and the real changelog writer,
+which writes to an in-memory state topic. Topics are lists of
+:class:`~stream_assets.rocketmq.records.Record` per queue
+(:class:`InMemoryBroker`); no socket is opened, no JVM started.
+
+Time is the caller's: a message's event time is the born timestamp given to
+:meth:`TopologyTestDriver.pipe` (or what ``select_timestamp`` extracts), and
+source queues become idle only when the test says so
+(:meth:`TopologyTestDriver.advance_idle`). The wall clock plays no part, and
+the same calls always give the same results (sink, late, dead-letter and
+shuffle messages byte for byte; state-topic records carry a random write id
+per attempt, as in the engine).
+
+Example: WordCount over three lines::
+
+    >>> from stream_assets.examples import wordcount
+    >>> with TopologyTestDriver(wordcount.build()) as driver:
+    ...     _ = driver.pipe_many(["the cat", "the dog", "The end"])
+    ...     _ = driver.advance()
+    ...     counts = {out["key"]: out["count"] for out in driver.outputs()}
+    >>> sorted(counts.items())
+    [('cat', 1), ('dog', 1), ('end', 1), ('the', 3)]
+
+A windowed topology fires its windows as event time moves on, or when every
+source queue is declared idle::
+
+    >>> from stream_assets.dsl.builder import StreamBuilder
+    >>> from stream_assets.serde import json_deserializer
+    >>> from stream_assets.windows import Time, TumblingWindow
+    >>> b = StreamBuilder("clicks")
+    >>> (b.source("events", json_deserializer).key_by("user")
+    ...   .window(TumblingWindow.of(Time.seconds(10))).count().to_rstream().sink("out"))
+    >>> with TopologyTestDriver(b.build(), source_queues=1) as driver:
+    ...     _ = driver.pipe({"user": "ann"}, event_time=1_000)
+    ...     _ = driver.pipe({"user": "ann"}, event_time=4_000)
+    ...     _ = driver.advance()
+    ...     before = driver.outputs()
+    ...     _ = driver.advance_idle()
+    ...     after = driver.outputs()
+    >>> before, after
+    ([], [{'key': 'ann', 'count': 2, 'window_start': 0, 'window_end': 10000}])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from stream_assets.plan import nodes as n
+from stream_assets.plan.topology import Stage, Topology
+from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.errors import MessageTooLargeError, RocketMQError
+from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
+from stream_assets.rocketmq.records import Record, SendReceipt
+from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.stateful import (
+    _PLAIN,
+    _SESSION,
+    _WINDOWED,
+    _parse_wkey,
+    _wkey,
+    run_keyed_batch,
+)
+from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.serde import json_serializer
+from stream_assets.serde.packing import unpack
+from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
+from stream_assets.state.restore import RestoreResult, is_current, restore_queue
+from stream_assets.state.store import QueueStateStore
+from stream_assets.windows import Window
+
+__all__ = ["InMemoryBroker", "InMemoryTopic", "TopologyTestDriver", "encode_input"]
+
+#: The instance name the driver commits state as (``StageContext.writer``).
+WRITER = "test-driver"
+_BROKER_NAME = "in-memory"
+
+
+def encode_input(value: Any) -> bytes:
+    """The message body :meth:`TopologyTestDriver.pipe` sends for ``value``.
+
+    Bytes (``bytes``, ``bytearray``, ``memoryview``) go as they are, a ``str``
+    as UTF-8, anything else as compact JSON (non-ASCII kept as UTF-8); a value
+    JSON cannot encode raises ``TypeError`` here rather than reaching the
+    topology as something else.
+
+    >>> encode_input("hé"), encode_input(b"\\x00"), encode_input({"k": [1, 2]})
+    (b'h\\xc3\\xa9', b'\\x00', b'{"k":[1,2]}')
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class InMemoryTopic:
+    """One topic: a list of records per queue, and every record in the order it was stored.
+
+    Offsets are positions in a queue's list (starting at 0), as a fresh
+    broker queue would give them.
+    """
+
+    def __init__(self, name: str, queues: int) -> None:
+        if queues <= 0:
+            raise ValueError(f"topic {name!r}: queue count must be positive, got {queues}")
+        self.name = name
+        self.queues: list[list[Record]] = [[] for _ in range(queues)]
+        #: Every record of the topic, in the order it was stored (across queues).
+        self.log: list[Record] = []
+
+    @property
+    def queue_count(self) -> int:
+        """Number of queues."""
+        return len(self.queues)
+
+    def end(self, queue_id: int) -> int:
+        """The queue's end offset (the offset the next record gets)."""
+        return len(self.queues[queue_id])
+
+    def read(self, queue_id: int, start: int, end: int | None = None) -> list[Record]:
+        """Records ``start`` .. ``end`` (exclusive; default: the end) of queue ``queue_id``."""
+        return self.queues[queue_id][start:end]
+
+    def __len__(self) -> int:
+        return len(self.log)
+
+
+class InMemoryBroker:
+    """In-memory topics, and a :class:`~stream_assets.runtime.ports.Sender` onto them.
+
+    :meth:`send` picks the queue like the real
+    :class:`~stream_assets.rocketmq.producer.Producer`: ``queue_id`` if given,
+    else the stable hash of ``key``
+    (:func:`~stream_assets.rocketmq.hashing.queue_for_key`), else round-robin
+    (per topic). It rejects what the producer rejects (an unknown topic, an
+    empty or oversize body, a queue id out of range) and returns the real
+    offset, which the changelog's compare-and-append checks. A message key is
+    stored as the broker stores it: RocketMQ splits keys on spaces, so
+    ``Record.keys`` is ``tuple(key.split(" "))``. ``Record.properties`` holds
+    the sender's properties only (no system properties).
+
+    Messages sent get ``clock`` as born and store timestamp (the driver sets
+    it to the latest event time piped).
+
+    >>> broker = InMemoryBroker()
+    >>> _ = broker.create_topic("t", 4)
+    >>> receipt = broker.send("t", b"x", key="user-42")
+    >>> receipt.queue_id == queue_for_key("user-42", 4), receipt.queue_offset
+    (True, 0)
+    """
+
+    def __init__(self, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        self.topics: dict[str, InMemoryTopic] = {}
+        self.max_message_size = max_message_size
+        self.clock = 0
+        self._round_robin: dict[str, int] = {}
+
+    def create_topic(self, name: str, queues: int) -> InMemoryTopic:
+        """Create ``name`` with ``queues`` queues (an existing one must have that count)."""
+        existing = self.topics.get(name)
+        if existing is not None:
+            if existing.queue_count != queues:
+                raise ValueError(
+                    f"topic {name!r} already exists with {existing.queue_count} queues, "
+                    f"not {queues}"
+                )
+            return existing
+        topic = self.topics[name] = InMemoryTopic(name, queues)
+        return topic
+
+    def topic(self, name: str) -> InMemoryTopic:
+        """The topic ``name``; a missing one raises naming the topics that exist."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise RocketMQError(
+                f"topic {name!r} does not exist in the in-memory broker "
+                f"(topics: {', '.join(sorted(self.topics)) or 'none'})"
+            )
+        return topic
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        key: str | None = None,
+        queue_id: int | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> SendReceipt:
+        """Store one message, as the producer would; returns where it was stored."""
+        record = self.append(topic, body, key=key, queue_id=queue_id, properties=properties)
+        return SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
+
+    def append(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        key: str | None = None,
+        queue_id: int | None = None,
+        properties: Mapping[str, str] | None = None,
+        timestamp: int | None = None,
+    ) -> Record:
+        """:meth:`send` with an explicit born timestamp (default ``clock``); the stored record."""
+        target = self.topic(topic)
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(f"message body must be bytes, got {type(body).__name__}")
+        body = bytes(body)
+        if not body:
+            raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
+        if len(body) > self.max_message_size:
+            raise MessageTooLargeError(topic, len(body), self.max_message_size)
+        count = target.queue_count
+        if queue_id is not None:
+            if not 0 <= queue_id < count:
+                raise ValueError(f"queue_id {queue_id} is outside topic {topic!r}'s {count} queues")
+            chosen = queue_id
+        elif key is not None:
+            chosen = queue_for_key(key, count)
+        else:
+            turn = self._round_robin.get(topic, 0)
+            self._round_robin[topic] = turn + 1
+            chosen = turn % count
+        ts = self.clock if timestamp is None else timestamp
+        offset = target.end(chosen)
+        record = Record(
+            topic=topic,
+            queue_id=chosen,
+            queue_offset=offset,
+            body=body,
+            keys=tuple(key.split(" ")) if key else (),
+            properties=dict(properties or {}),
+            born_timestamp=ts,
+            store_timestamp=ts,
+            msg_id=f"{topic}@{chosen}:{offset}",
+        )
+        target.queues[chosen].append(record)
+        target.log.append(record)
+        return record
+
+
+class _StateTopicView:
+    """What :func:`~stream_assets.state.restore.restore_queue` reads a state queue through
+    (the admin's offsets and the reader's pulls), over an in-memory topic."""
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        self.broker = broker
+
+    def queues(self, topic: str) -> list[MessageQueue]:
+        count = self.broker.topic(topic).queue_count
+        return [MessageQueue(topic, _BROKER_NAME, q) for q in range(count)]
+
+    def min_offset(self, queue: MessageQueue) -> int:
+        return 0
+
+    def max_offset(self, queue: MessageQueue) -> int:
+        return self.broker.topic(queue.topic).end(queue.queue_id)
+
+    def pull(self, queue: MessageQueue, offset: int, max_messages: int | None = None) -> PullBatch:
+        end = self.max_offset(queue)
+        if not 0 <= offset <= end:
+            return PullBatch(queue, PullStatus.OFFSET_ILLEGAL, [], offset, 0, end)
+        stop = end if max_messages is None else min(end, offset + max_messages)
+        records = self.broker.topic(queue.topic).read(queue.queue_id, offset, stop)
+        status = PullStatus.FOUND if records else PullStatus.NO_NEW_MESSAGES
+        return PullBatch(queue, status, records, stop, 0, end)
+
+    def read(self, queue: MessageQueue, start: int, end: int | None = None) -> Iterator[Record]:
+        stop = self.max_offset(queue) if end is None else end
+        yield from self.broker.topic(queue.topic).read(queue.queue_id, start, stop)
+
+
+class TopologyTestDriver:
+    """Runs ``topology`` on in-memory topics with the engine's real per-queue core.
+
+    - ``source_queues``: queues of the source topic (stage 0's parallelism;
+      every one of them holds a windowed stage's watermark until it has sent
+      a record or is declared idle, as in the engine);
+    - ``shuffle_queues``: queues of the shuffle and state topics;
+    - ``state_dir``: where the temporary RocksDB directory is created
+      (default: the system's temporary directory); the directory the driver
+      creates there is deleted by :meth:`close`;
+    - ``snapshot_every``: a full state snapshot every that many commits;
+    - ``sink_queues``: queues of sink and late-record topics (the dead-letter
+      topic has one, as provisioned by the engine);
+    - ``pre_combine``: the engine's pre-shuffle combine setting;
+    - ``max_records_per_batch``: at most this many records per queue per
+      batch (default: a queue's whole pending range in one batch); smaller
+      batches interleave stage 0 and the stateful stage like a live instance;
+    - ``generation``: the allocation generation the driver commits state as.
+
+    Use it as a context manager (or call :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        source_queues: int = 4,
+        shuffle_queues: int = 4,
+        state_dir: str | Path | None = None,
+        snapshot_every: int = 100,
+        sink_queues: int = 1,
+        pre_combine: bool = True,
+        max_records_per_batch: int | None = None,
+        generation: int = 0,
+    ) -> None:
+        if not isinstance(topology, Topology):
+            raise TypeError(
+                f"expected a Topology (StreamBuilder(...).build()), got {type(topology).__name__}"
+            )
+        for name, number in (
+            ("source_queues", source_queues),
+            ("shuffle_queues", shuffle_queues),
+            ("snapshot_every", snapshot_every),
+            ("sink_queues", sink_queues),
+        ):
+            if number <= 0:
+                raise ValueError(f"{name} must be positive, got {number}")
+        if max_records_per_batch is not None and max_records_per_batch <= 0:
+            raise ValueError(f"max_records_per_batch must be positive, got {max_records_per_batch}")
+        self.topology = topology
+        self.source_queues = source_queues
+        self.shuffle_queues = shuffle_queues
+        self.max_records_per_batch = max_records_per_batch
+        self.broker = InMemoryBroker()
+        #: Stats of every core call, in order (one per queue and batch).
+        self.stats: list[TaskStats] = []
+        queue_ids = tuple(range(source_queues))
+        self._contexts = [
+            StageContext.of(
+                topology,
+                i,
+                shuffle_queues=shuffle_queues,
+                source_queues=queue_ids,
+                generation=generation,
+                writer=WRITER,
+                snapshot_every=snapshot_every,
+                pre_combine=pre_combine,
+                # A fresh query on empty topics: everything may be combined.
+                combine_from=tuple((q, 0) for q in queue_ids),
+            )
+            for i in range(len(topology.stages))
+        ]
+        self.broker.create_topic(topology.source_topic, source_queues)
+        for name in (*topology.shuffle_topics, *topology.state_topics):
+            self.broker.create_topic(name, shuffle_queues)
+        for name in (*topology.sink_topics, *topology.late_topics):
+            if name not in self.broker.topics:
+                self.broker.create_topic(name, sink_queues)
+        if topology.dead_letter_topic not in self.broker.topics:
+            self.broker.create_topic(topology.dead_letter_topic, 1)
+        #: Per stage input topic, each queue's committed offset (the consumer group's).
+        self._committed: dict[str, list[int]] = {
+            s.input_topic: [0] * self.broker.topic(s.input_topic).queue_count
+            for s in topology.stages
+        }
+        self._idle: set[int] = set()
+        self._clock = 0
+        self._stdout = io.StringIO()
+        self._stores: dict[tuple[int, int], QueueStateStore] = {}
+        self._dir: Path | None = Path(tempfile.mkdtemp(prefix="stream-assets-test-", dir=state_dir))
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every state store and delete the temporary directory; safe to call twice."""
+        for store in self._stores.values():
+            store.close()
+        self._stores.clear()
+        directory, self._dir = self._dir, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def __enter__(self) -> TopologyTestDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def state_dir(self) -> Path:
+        """The temporary directory holding the RocksDB stores."""
+        if self._dir is None:
+            raise RuntimeError("the test driver is closed")
+        return self._dir
+
+    @property
+    def contexts(self) -> tuple[StageContext, ...]:
+        """The stage contexts the core runs with, one per stage."""
+        return tuple(self._contexts)
+
+    # -- input -------------------------------------------------------------
+
+    def pipe(
+        self,
+        value: Any,
+        *,
+        event_time: int | None = None,
+        queue: int | None = None,
+        key: str | None = None,
+    ) -> Record:
+        """Append one message to the source topic; returns the stored record.
+
+        The body is :func:`encode_input` of ``value`` (bytes as they are, a str
+        as UTF-8, anything else as JSON). ``event_time`` (epoch ms) is the
+        message's born timestamp, which the engine uses as event time unless
+        the topology has ``select_timestamp``; without it the message gets
+        the last event time piped (0 before any): time stands still unless
+        the test moves it. The queue is ``queue``, else the hash of ``key``
+        (also stored as the message key), else round-robin. A queue that
+        receives a message is no longer idle.
+        """
+        self._check_open()
+        body = encode_input(value)
+        if event_time is not None:
+            if isinstance(event_time, bool) or not isinstance(event_time, int):
+                raise TypeError(f"event_time must be an int of epoch ms, got {event_time!r}")
+            self._clock = event_time
+            self.broker.clock = event_time
+        record = self.broker.append(
+            self.topology.source_topic, body, key=key, queue_id=queue, timestamp=self._clock
+        )
+        self._idle.discard(record.queue_id)
+        return record
+
+    def pipe_many(
+        self,
+        values: Iterable[Any],
+        *,
+        event_time: int | Callable[[Any], int] | None = None,
+        queue: int | None = None,
+        key: str | Callable[[Any], str] | None = None,
+    ) -> list[Record]:
+        """:meth:`pipe` each value; ``event_time`` and ``key`` may be functions of the value.
+
+        >>> from stream_assets.examples import wordcount
+        >>> with TopologyTestDriver(wordcount.build(), source_queues=2) as driver:
+        ...     records = driver.pipe_many(
+        ...         [{"t": 5}, {"t": 9}], event_time=lambda v: v["t"], key=lambda v: "k"
+        ...     )
+        >>> [(r.born_timestamp, r.key) for r in records]
+        [(5, 'k'), (9, 'k')]
+        """
+        records = []
+        for value in values:
+            ts = event_time(value) if callable(event_time) else event_time
+            k = key(value) if callable(key) else key
+            records.append(self.pipe(value, event_time=ts, queue=queue, key=k))
+        return records
+
+    # -- processing --------------------------------------------------------
+
+    def advance(self) -> list[TaskStats]:
+        """Process everything pending; returns the stats of the batches run.
+
+        Each round runs stage 0 over every source queue's new range, then the
+        stateful stage over every shuffle queue's new range, committing each
+        queue's offset after its batch (as an instance does); rounds repeat
+        until no stage has new input. Source queues declared idle (and not
+        piped to since) stay idle.
+        """
+        self._check_open()
+        first = len(self.stats)
+        while self._round(tick=False):
+            pass
+        return self.stats[first:]
+
+    run = advance
+
+    def advance_idle(self, queues: Iterable[int] | None = None) -> list[TaskStats]:
+        """Process what is pending, then declare source ``queues`` (default: all) idle.
+
+        As the engine does once a source queue's end offset has not moved for
+        the idle timeout: the idle queues leave the watermark's minimum, and
+        every stateful queue runs once more, so windows the remaining
+        watermark passed fire; with every source queue idle, all open windows
+        fire (and later records for them are late). A queue stays idle until
+        :meth:`pipe` sends to it. Returns the stats of the batches run.
+        """
+        self._check_open()
+        first = len(self.stats)
+        chosen = set(range(self.source_queues)) if queues is None else set(queues)
+        unknown = sorted(q for q in chosen if not 0 <= q < self.source_queues)
+        if unknown:
+            raise ValueError(f"source queues {unknown} do not exist ({self.source_queues} queues)")
+        while self._round(tick=False):
+            pass
+        self._idle |= chosen
+        self._round(tick=True)
+        while self._round(tick=False):
+            pass
+        return self.stats[first:]
+
+    idle = advance_idle
+
+    def rewind(
+        self, topic: str | None = None, offset: int = 0, queues: Iterable[int] | None = None
+    ) -> None:
+        """Move the committed offset of the stage reading ``topic`` back to ``offset``.
+
+        The next :meth:`advance` processes that range again, as an instance
+        does after a crash between its work and its offset commit. ``topic``
+        defaults to the source topic; rewinding it also restarts stage 0 as a
+        new query would (input below each queue's current end is then sent
+        per record, never pre-combined). Rewinding a shuffle topic re-reads
+        its messages in the stateful stage. Offsets only move back.
+        """
+        self._check_open()
+        name = topic or self.topology.source_topic
+        committed = self._committed.get(name)
+        if committed is None:
+            raise ValueError(
+                f"{name!r} is not read by a stage of {self.topology.job_id} "
+                f"(stage inputs: {', '.join(self._committed)})"
+            )
+        for q in range(len(committed)) if queues is None else queues:
+            committed[q] = min(committed[q], offset)
+        if name == self.topology.source_topic:
+            source = self.broker.topic(name)
+            ends = tuple((q, source.end(q)) for q in range(source.queue_count))
+            self._contexts = [dataclasses.replace(c, combine_from=ends) for c in self._contexts]
+
+    def restore_state(self, queues: Iterable[int] | None = None) -> list[RestoreResult]:
+        """Throw away the local RocksDB of stateful ``queues`` (default: all) and rebuild it
+        from the in-memory state topic, as an instance does for a queue that moved to it.
+        """
+        self._check_open()
+        results = []
+        for stage in self._stateful_stages():
+            assert stage.state_topic is not None
+            for q in range(self.shuffle_queues) if queues is None else queues:
+                store = self._store(stage, q)
+                store.wipe()
+                results.append(self._restore(stage, q, store))
+        return results
+
+    def committed(self, topic: str | None = None) -> list[int]:
+        """Committed offset per queue of the stage reading ``topic`` (default: the source)."""
+        return list(self._committed[topic or self.topology.source_topic])
+
+    # -- reading -----------------------------------------------------------
+
+    def output_records(self, topic: str | None = None) -> list[Record]:
+        """Every record of ``topic`` in the order it was sent (default: the only sink topic).
+
+        Any topic works: sinks, late records, dead letters, shuffle and state topics.
+        """
+        return list(self.broker.topic(topic or self._only_sink()).log)
+
+    def outputs(
+        self, topic: str | None = None, *, decode: Callable[[bytes], Any] | None = None
+    ) -> list[Any]:
+        """The values sent to sink ``topic`` (default: the only sink topic), in send order.
+
+        Bodies are JSON-decoded when every sink writing the topic uses the
+        default :func:`~stream_assets.serde.json_serializer`, and kept as
+        bytes otherwise; ``decode`` overrides either.
+        """
+        name = topic or self._only_sink()
+        if decode is None and self._json_topic(name):
+            decode = json.loads
+        records = self.output_records(name)
+        return [r.body if decode is None else decode(r.body) for r in records]
+
+    def late(self, topic: str | None = None) -> list[Any]:
+        """Late records written by ``late_records_to(topic)``: dicts with ``key``,
+        ``value`` and ``window_end`` (default topic: the only late-record topic)."""
+        if topic is None:
+            late_topics = self.topology.late_topics
+            if len(late_topics) != 1:
+                raise ValueError(
+                    f"{self.topology.job_id} has late-record topics {list(late_topics)}; "
+                    "name one (late_records_to(...) writes them)"
+                )
+            topic = late_topics[0]
+        return [json.loads(r.body) for r in self.output_records(topic)]
+
+    def dead_letters(self) -> list[tuple[bytes, dict[str, str]]]:
+        """Dead letters in send order: (body, properties with ``reason``, ``operator``, ...)."""
+        records = self.output_records(self.topology.dead_letter_topic)
+        return [(r.body, dict(r.properties)) for r in records]
+
+    def printed(self) -> list[str]:
+        """Lines written to stdout while the core ran (``print()`` operators, user prints)."""
+        return self._stdout.getvalue().splitlines()
+
+    def state(self, key: Any, window: Window | None = None) -> Any:
+        """The current aggregate of ``key`` in the stateful stage's RocksDB.
+
+        Unwindowed: the result (a dict by alias) or None. Windowed: the key's
+        open (not yet fired) windows as ``{Window: result}``, or with
+        ``window`` that window's result or None.
+        """
+        self._check_open()
+        stages = self._stateful_stages()
+        if not stages:
+            raise ValueError(f"{self.topology.job_id} has no stateful stage")
+        stage = stages[0]
+        agg = stage.aggregate
+        assert agg is not None
+        acc_def = agg.accumulator
+        key_bytes = encode_key(key)
+        store = self._store(stage, queue_for_key(key_bytes, self.shuffle_queues))
+        if agg.window is None:
+            raw = store.get(_PLAIN + key_bytes)
+            return None if raw is None else acc_def.result(unpack(raw))
+        if window is not None and not agg.window.is_merging:
+            raw = store.get(_wkey(window, key_bytes))
+            return None if raw is None else acc_def.result(unpack(raw))
+        found: dict[Window, Any] = {}
+        if agg.window.is_merging:
+            raw = store.get(_SESSION + key_bytes)
+            for start, end, acc in [] if raw is None else unpack(raw):
+                found[Window(start, end)] = acc_def.result(acc)
+        else:
+            for raw_key, raw in store.items(_WINDOWED):
+                w, kb = _parse_wkey(raw_key)
+                if kb == key_bytes:
+                    found[w] = acc_def.result(unpack(raw))
+        return found if window is None else found.get(window)
+
+    # -- internals ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._dir is None:
+            raise RuntimeError("the test driver is closed")
+
+    def _only_sink(self) -> str:
+        sinks = tuple(dict.fromkeys(self.topology.sink_topics))
+        if len(sinks) != 1:
+            raise ValueError(
+                f"{self.topology.job_id} has sink topics {list(sinks)}; name the topic "
+                "(a topology ending in print() has none: see printed())"
+            )
+        return sinks[0]
+
+    def _json_topic(self, topic: str) -> bool:
+        serializers = [
+            node.serializer
+            for node in self.topology.nodes
+            if isinstance(node, n.Sink) and node.topic == topic
+        ]
+        return bool(serializers) and all(s is json_serializer for s in serializers)
+
+    def _stateful_stages(self) -> list[Stage]:
+        return [s for s in self.topology.stages if s.stateful]
+
+    def _limit(self, start: int, end: int) -> int:
+        cap = self.max_records_per_batch
+        return end if cap is None else min(end, start + cap)
+
+    def _effective_idle(self) -> tuple[int, ...]:
+        """Declared-idle source queues that stage 0 has processed to their end."""
+        source = self.broker.topic(self.topology.source_topic)
+        done = self._committed[source.name]
+        return tuple(sorted(q for q in self._idle if done[q] >= source.end(q)))
+
+    def _round(self, *, tick: bool) -> bool:
+        """One batch per queue of every stage, in stage order; whether any had input."""
+        progressed = False
+        for ctx in self._contexts:
+            if ctx.stage.stateful:
+                progressed |= self._stateful_round(ctx, tick)
+            else:
+                progressed |= self._source_round(ctx)
+        return progressed
+
+    def _source_round(self, ctx: StageContext) -> bool:
+        topic = self.broker.topic(ctx.stage.input_topic)
+        committed = self._committed[topic.name]
+        progressed = False
+        for q in range(topic.queue_count):
+            start = committed[q]
+            end = self._limit(start, topic.end(q))
+            if end <= start:
+                continue
+            records = topic.read(q, start, end)
+            with contextlib.redirect_stdout(self._stdout):
+                stats = run_source_batch(ctx, q, start, end, records, self.broker)
+            self.stats.append(stats)
+            committed[q] = end
+            progressed = True
+        return progressed
+
+    def _stateful_round(self, ctx: StageContext, tick: bool) -> bool:
+        stage = ctx.stage
+        topic = self.broker.topic(stage.input_topic)
+        committed = self._committed[topic.name]
+        ranges = [
+            (q, committed[q], self._limit(committed[q], topic.end(q)))
+            for q in range(topic.queue_count)
+        ]
+        # As the engine's source: idleness only in a batch reading every queue to its end.
+        to_end = all(end == topic.end(q) for q, _start, end in ranges)
+        idle = self._effective_idle() if to_end else ()
+        progressed = False
+        for q, start, end in ranges:
+            if end <= start and not tick:
+                continue
+            store = self._store(stage, q)
+            restores = self._make_current(stage, q, store)
+            records = topic.read(q, start, end)
+            with contextlib.redirect_stdout(self._stdout):
+                stats = run_keyed_batch(ctx, q, end, records, store, self.broker, idle)
+            stats.restores = restores
+            stats.state_keys = store.key_count()
+            self.stats.append(stats)
+            committed[q] = end
+            progressed |= end > start
+        return progressed
+
+    def _store(self, stage: Stage, queue_id: int) -> QueueStateStore:
+        store = self._stores.get((stage.index, queue_id))
+        if store is None:
+            assert stage.aggregate is not None
+            store = QueueStateStore(
+                self.state_dir, self.topology.job_id, stage.aggregate.op_id, queue_id
+            ).open()
+            self._stores[(stage.index, queue_id)] = store
+        return store
+
+    def _make_current(self, stage: Stage, queue_id: int, store: QueueStateStore) -> int:
+        """As the Spark adapter: a store behind its state queue is rebuilt first (1 if so)."""
+        assert stage.state_topic is not None
+        if is_current(store.meta, self.broker.topic(stage.state_topic).end(queue_id)):
+            return 0
+        store.wipe()
+        self._restore(stage, queue_id, store)
+        return 1
+
+    def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:
+        assert stage.state_topic is not None
+        view = _StateTopicView(self.broker)
+        return restore_queue(
+            store,
+            stage.state_topic,
+            queue_id,
+            cast(RocketMQAdmin, view),
+            cast(QueueReader, view),
+        )

@@ -1,0 +1,343 @@
+"""Stateful topologies on a real two-machine Spark cluster: results do not depend on the executor.
+
+A standalone master and two workers run from the venv's PySpark; each worker has
+its own ``SPARK_LOCAL_DIRS``, so neither executor can see the other's RocksDB
+(two machines). The instance runs as a driver process of its own
+(``_driver_process``) against that master, with its settings given in its spec
+only, while every executor's environment holds *wrong* client settings
+(``spark.executorEnv``): a task that read its environment would reach no broker.
+
+References are computed from the generated input with plain Python; the state
+topic is read back raw to check that each queue's valid history is one strictly
+increasing sequence of commits (compare-and-append: no interleaved writers).
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import json
+import random
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_assets.examples import wordcount
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.settings import RocketMQSettings
+from stream_assets.state.records import Delta, decode_record, is_void
+from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
+from tests.integration._driver_process import DriverProcess
+from tests.integration._engine_util import (
+    Message,
+    final_counts,
+    produce,
+    produce_per_queue,
+    read_topic,
+    unique,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+CATCH_UP_S = 300.0
+#: What every executor's environment says: a name server nobody listens on, no retries.
+POISONED_EXECUTOR_ENV = {
+    "spark.executorEnv.STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR": "127.0.0.1:1",
+    "spark.executorEnv.STREAM_ASSETS_ROCKETMQ_SEND_RETRIES": "0",
+    "spark.executorEnv.STREAM_ASSETS_ROCKETMQ_REQUEST_TIMEOUT_S": "0.2",
+}
+
+
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Print a figure to the terminal even when output is captured."""
+
+    def emit(text: str) -> None:
+        with capsys.disabled():
+            print(f"\n[cluster] {text}", flush=True)
+
+    return emit
+
+
+def _driver_settings(client_settings: RocketMQSettings) -> RocketMQSettings:
+    """Client settings given to the driver only: not the defaults, not the environment's."""
+    return RocketMQSettings.model_validate(
+        {
+            **json.loads(client_settings.revealed_json()),
+            "request_timeout_s": 4.5,
+            "send_retries": 5,
+            "producer_group": f"it-cluster-{uuid.uuid4().hex[:6]}",
+        }
+    )
+
+
+def _spec(
+    cluster: SparkCluster,
+    settings: RocketMQSettings,
+    topology: str,
+    kwargs: dict[str, Any],
+    sys_path: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "topology": topology,
+        "topology_kwargs": kwargs,
+        "sys_path": sys_path or [],
+        "rocketmq": json.loads(settings.revealed_json()),
+        "engine": {
+            "spark_master": cluster.master_url,
+            "spark_conf": {**cluster.spark_conf(), **POISONED_EXECUTOR_ENV},
+            # state_dir unset: each executor keeps state on its own worker's disk.
+            "shuffle_queues": 4,
+            "sink_queues": 4,
+            "trigger_interval_ms": 300,
+            "tick_ms": 500,
+            "snapshot_every": 8,
+        },
+    }
+
+
+def _state_histories(admin: RocketMQAdmin, state_topic: str) -> dict[int, dict[str, Any]]:
+    """Per state queue: the seqs of its valid deltas in offset order, writers, void count."""
+    reader = QueueReader(admin, group=unique("it-cluster-state"))
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        for queue in admin.queues(state_topic):
+            seqs: list[int] = []
+            writers: set[str] = set()
+            voids = 0
+            for record in reader.read(queue, admin.min_offset(queue)):
+                decoded = decode_record(record.body)
+                if is_void(decoded, record.queue_offset):
+                    voids += 1
+                    continue
+                if isinstance(decoded, Delta) and decoded.part == 0:
+                    seqs.append(decoded.seq)
+                    if decoded.meta is not None:
+                        writers.add(decoded.meta.writer)
+            out[queue.queue_id] = {"seqs": seqs, "writers": writers, "voids": voids}
+    finally:
+        reader.close()
+    return out
+
+
+def _assert_one_history_per_queue(admin: RocketMQAdmin, state_topic: str) -> int:
+    """Every queue's valid deltas are seq 1, 2, 3, ... from one writer; returns void records."""
+    histories = _state_histories(admin, state_topic)
+    assert any(h["seqs"] for h in histories.values()), "no state was written at all"
+    for queue_id, history in histories.items():
+        seqs = history["seqs"]
+        assert seqs == list(range(1, len(seqs) + 1)), (
+            f"{state_topic}[{queue_id}]: valid commits are not one strictly increasing "
+            f"sequence: {seqs}"
+        )
+        assert len(history["writers"]) <= 1, f"{state_topic}[{queue_id}]: {history['writers']}"
+    return sum(h["voids"] for h in histories.values())
+
+
+def _lines(rnd: random.Random, count: int) -> list[str]:
+    vocab = [f"w{i:03d}" for i in range(500)]
+    return [" ".join(rnd.choices(vocab, k=8)) for _ in range(count)]
+
+
+def _messages(lines: list[str], tag: str) -> list[Message]:
+    return [
+        Message("\n".join(lines[i : i + 20]).encode(), key=f"{tag}-{i}")
+        for i in range(0, len(lines), 20)
+    ]
+
+
+def test_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly(
+    spark_cluster: SparkCluster,  # noqa: F811
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    job = unique("it-cwc")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    settings = _driver_settings(client_settings)
+    rnd = random.Random(41)
+    waves = [_lines(rnd, 8_000) for _ in range(3)]
+    spec = _spec(
+        spark_cluster,
+        settings,
+        "stream_assets.examples.wordcount:build",
+        {"job_id": job, "source": source, "sink": sink},
+    )
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
+        driver.start()
+        driver.wait_started(240)
+        produce(settings, source, _messages(waves[0], "a"), threads=2)
+        driver.await_caught_up(CATCH_UP_S)
+        # Wave 2 arrives and worker 0 dies while the stages work on it: Spark
+        # reruns its tasks on worker 1, whose RocksDB for those queues is stale.
+        produce(settings, source, _messages(waves[1], "b"), threads=2)
+        killed = spark_cluster.kill_worker(0)
+        assert killed, "worker 0 had no processes to kill"
+        spark_cluster.wait_ready(workers=1, timeout_s=60)
+        driver.await_caught_up(CATCH_UP_S)
+        # Worker 0 comes back with its old, now stale, state directory.
+        spark_cluster.start_worker(0)
+        spark_cluster.wait_ready(workers=2, timeout_s=120)
+        produce(settings, source, _messages(waves[2], "c"), threads=2)
+        driver.await_caught_up(CATCH_UP_S)
+        metrics = driver.stop(180)["metrics"]
+
+    expected = collections.Counter(w for wave in waves for line in wave for w in line.split())
+    assert final_counts(read_topic(admin, sink)) == dict(expected)
+    # Every task used the driver's settings (the executors' environment is wrong).
+    for stage in ("0", "1"):
+        assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
+    (state_topic,) = wordcount.build(job, source, sink).state_topics
+    voids = _assert_one_history_per_queue(admin, state_topic)
+    _report_state_costs(report, "wordcount, worker 0 killed mid-stream", metrics["1"], voids)
+
+
+USER_PACKAGE = '''
+"""A user's topology package that only the driver has on its sys.path."""
+
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.windows import Time, TumblingWindow
+
+from .fields import event_time, parse, the_key
+
+
+def build(job_id, source, sink, idle_timeout_s):
+    builder = StreamBuilder(job_id)
+    (
+        builder.source(source, parse)
+        .select_timestamp(event_time)
+        .key_by(the_key)
+        .window(TumblingWindow.of(Time.seconds(10)))
+        .sum("value", "sum")
+        .water_mark(5)
+        .idle_timeout(idle_timeout_s)
+        .to_rstream()
+        .sink(sink)
+    )
+    return builder.build()
+'''
+
+USER_FIELDS = """
+import json
+
+
+def parse(body):
+    return json.loads(body)
+
+
+def event_time(event):
+    return event["ts"]
+
+
+def the_key(event):
+    return event["key"]
+"""
+
+BASE_TS = 1_700_000_000_000  # window-aligned (multiple of 10 s)
+WAVE_MS = 30_000  # three 10 s windows per wave
+
+
+def _wave_events(rnd: random.Random, wave: int, queues: int) -> dict[int, list[dict[str, Any]]]:
+    """Per source queue, events of one wave in event-time order (within 3 s jitter)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for q in range(queues):
+        events = []
+        for i in range(150):
+            ts = BASE_TS + wave * WAVE_MS + i * (WAVE_MS // 150)
+            ts = max(BASE_TS + wave * WAVE_MS, ts - rnd.randint(0, 3_000))
+            events.append({"key": f"k{rnd.randint(0, 7)}", "value": rnd.randint(1, 50), "ts": ts})
+        out[q] = events
+    return out
+
+
+def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
+    spark_cluster: SparkCluster,  # noqa: F811
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    package = f"ituser_{uuid.uuid4().hex[:8]}"
+    user_src = tmp_path / "user-src"
+    (user_src / package).mkdir(parents=True)
+    (user_src / package / "__init__.py").write_text(textwrap.dedent(USER_PACKAGE))
+    (user_src / package / "fields.py").write_text(textwrap.dedent(USER_FIELDS))
+    job = unique("it-cws")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 2)
+    settings = _driver_settings(client_settings)
+    rnd = random.Random(43)
+    spec = _spec(
+        spark_cluster,
+        settings,
+        f"{package}:build",
+        {"job_id": job, "source": source, "sink": sink, "idle_timeout_s": 3},
+        sys_path=[str(user_src)],
+    )
+    reference: dict[tuple[str, int, int], int] = collections.defaultdict(int)
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
+        driver.start()
+        driver.wait_started(240)
+        for wave in range(3):
+            per_queue = _wave_events(rnd, wave, queues=2)
+            for events in per_queue.values():
+                for e in events:
+                    start = e["ts"] - (e["ts"] - BASE_TS) % 10_000
+                    reference[(e["key"], start, start + 10_000)] += e["value"]
+            produce_per_queue(
+                settings,
+                source,
+                {q: [json.dumps(e).encode() for e in evs] for q, evs in per_queue.items()},
+            )
+            # The wave's last windows fire when both source queues are idle by offsets.
+            expected_now = len(reference)
+            wait_until(
+                lambda n=expected_now: len(_windows(admin, sink)) >= n,
+                CATCH_UP_S,
+                f"the windows of wave {wave}",
+                poll_s=1.0,
+            )
+        metrics = driver.stop(180)["metrics"]
+
+    assert _windows(admin, sink) == dict(reference)
+    assert metrics["1"]["totals"]["late"] == 0
+    for stage in ("0", "1"):
+        assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
+    sys.path.insert(0, str(user_src))
+    try:
+        topology = importlib.import_module(package).build(job, source, sink, 3)
+    finally:
+        sys.path.remove(str(user_src))
+    (state_topic,) = topology.state_topics
+    voids = _assert_one_history_per_queue(admin, state_topic)
+    _report_state_costs(report, f"windowed sum from {package}", metrics["1"], voids)
+
+
+def _report_state_costs(report: Any, what: str, stage: dict[str, Any], voids: int) -> None:
+    totals, tasks = stage["totals"], max(1, stage["tasks"])
+    report(
+        f"{what}: {tasks} stateful queue tasks in {stage['batches']} batches, "
+        f"{int(totals['restores'])} had to restore ({100 * totals['restores'] / tasks:.1f} %); "
+        f"currency check + restores {1000 * totals['currency_s'] / tasks:.1f} ms per task; "
+        f"{voids} void state records"
+    )
+
+
+def _windows(admin: RocketMQAdmin, sink: str) -> dict[tuple[str, int, int], int]:
+    """(key, start, end) -> sum; fails if a window was emitted under two message keys."""
+    by_window: dict[tuple[str, int, int], int] = {}
+    keys: dict[tuple[str, int, int], str] = {}
+    for r in read_topic(admin, sink):
+        v = json.loads(r.body)
+        w = (v["key"], v["window_start"], v["window_end"])
+        assert keys.setdefault(w, r.keys[0]) == r.keys[0], f"window {w} emitted twice"
+        assert by_window.setdefault(w, v["sum"]) == v["sum"], f"window {w} with two sums"
+    return by_window
