@@ -54,8 +54,8 @@ def message_key(*parts: str) -> str:
     ``new york`` would otherwise arrive as two keys: whitespace, unprintable
     characters and ``%`` itself are percent-encoded; everything else is kept.
 
-    >>> message_key("wc", "sink-4", "new york", "0"), message_key("café\t%")
-    ('wc/sink-4/new%20york/0', 'café%09%25')
+    >>> message_key("wc", "sink-4", "new york", "0"), message_key("café\\x01%")
+    ('wc/sink-4/new%20york/0', 'café%01%25')
     """
     return "/".join(
         "".join(quote(c) if c.isspace() or not c.isprintable() or c == "%" else c for c in part)

@@ -38,7 +38,7 @@ from stream_assets.runtime.stateful import check_owner, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import ChangelogConflictError
-from stream_assets.state.restore import is_current, restore_queue, state_queue
+from stream_assets.state.restore import is_current, restore_queue, settled_end, state_queue
 from stream_assets.state.store import QueueStateStore
 
 _CONFLICT_ATTEMPTS = 3
@@ -126,7 +126,7 @@ def _stateful_attempt(
         began = time.monotonic()
         log = state_queue(admin, stage.stage.state_topic, queue_id)
         restores = restored_keys = 0
-        if not is_current(store.meta, admin.max_offset(log)):
+        if not is_current(store.meta, settled_end(admin, log, store.meta.log_end or 0)):
             store.wipe()
             result = restore_queue(
                 store, stage.stage.state_topic, queue_id, admin, reader_for(settings, ctx.group)

@@ -142,6 +142,26 @@ def is_current(meta: StateMeta, log_end: int) -> bool:
     return (meta.log_end or 0) == log_end
 
 
+def settled_end(
+    admin: RocketMQAdmin, queue: MessageQueue, at_least: int, timeout_s: float = 10.0
+) -> int:
+    """The queue's end offset, once it shows every record up to ``at_least``.
+
+    The broker acknowledges a send when the record is in its commit log; the
+    per-queue index that the end offset comes from follows a moment later
+    (measured: most reads right after a send are one behind, for under 1 ms).
+    A store whose own writes ended at ``at_least`` (offsets from the broker's
+    receipts) must not take that lag for someone else's history, so this
+    waits for the index to catch up before the caller compares.
+    """
+    deadline = time.monotonic() + timeout_s
+    end = admin.max_offset(queue)
+    while end < at_least and time.monotonic() < deadline:
+        time.sleep(0.002)
+        end = admin.max_offset(queue)
+    return end
+
+
 def local_is_current(
     store: QueueStateStore, state_topic: str, queue_id: int, admin: RocketMQAdmin
 ) -> bool:
@@ -157,7 +177,8 @@ def local_is_current(
         ...     store.wipe()
         ...     restore_queue(store, "wc-state", 2, admin, reader)
     """
-    return is_current(store.meta, admin.max_offset(state_queue(admin, state_topic, queue_id)))
+    queue = state_queue(admin, state_topic, queue_id)
+    return is_current(store.meta, settled_end(admin, queue, store.meta.log_end or 0))
 
 
 def restore_queue(
