@@ -70,17 +70,9 @@ from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
 from stream_assets.rocketmq.records import Record, SendReceipt
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.shuffle_codec import encode_key
-from stream_assets.runtime.stateful import (
-    _PLAIN,
-    _SESSION,
-    _WINDOWED,
-    _parse_wkey,
-    _wkey,
-    run_keyed_batch,
-)
+from stream_assets.runtime.stateful import read_key_state, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_serializer
-from stream_assets.serde.packing import unpack
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
 from stream_assets.state.restore import RestoreResult, is_current, restore_queue
 from stream_assets.state.store import QueueStateStore
@@ -617,26 +609,8 @@ class TopologyTestDriver:
         stage = stages[0]
         agg = stage.aggregate
         assert agg is not None
-        acc_def = agg.accumulator
-        key_bytes = encode_key(key)
-        store = self._store(stage, queue_for_key(key_bytes, self.shuffle_queues))
-        if agg.window is None:
-            raw = store.get(_PLAIN + key_bytes)
-            return None if raw is None else acc_def.result(unpack(raw))
-        if window is not None and not agg.window.is_merging:
-            raw = store.get(_wkey(window, key_bytes))
-            return None if raw is None else acc_def.result(unpack(raw))
-        found: dict[Window, Any] = {}
-        if agg.window.is_merging:
-            raw = store.get(_SESSION + key_bytes)
-            for start, end, acc in [] if raw is None else unpack(raw):
-                found[Window(start, end)] = acc_def.result(acc)
-        else:
-            for raw_key, raw in store.items(_WINDOWED):
-                w, kb = _parse_wkey(raw_key)
-                if kb == key_bytes:
-                    found[w] = acc_def.result(unpack(raw))
-        return found if window is None else found.get(window)
+        store = self._store(stage, queue_for_key(encode_key(key), self.shuffle_queues))
+        return read_key_state(store, agg, key, window)
 
     # -- internals ---------------------------------------------------------
 

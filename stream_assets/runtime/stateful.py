@@ -225,6 +225,36 @@ def run_keyed_batch(
     return stats
 
 
+def read_key_state(
+    store: QueueStateStore, agg: n.Aggregate, key: Any, window: Window | None = None
+) -> Any:
+    """The current result of ``key`` in ``store`` (the queue that owns the key).
+
+    Unwindowed: the result (a dict by alias) or None. Windowed: the key's open
+    (not yet fired) windows as ``{Window: result}``, or with ``window`` that
+    window's result or None.
+    """
+    acc_def = agg.accumulator
+    key_bytes = encode_key(key)
+    if agg.window is None:
+        raw = store.get(_PLAIN + key_bytes)
+        return None if raw is None else acc_def.result(unpack(raw))
+    if window is not None and not agg.window.is_merging:
+        raw = store.get(_wkey(window, key_bytes))
+        return None if raw is None else acc_def.result(unpack(raw))
+    found: dict[Window, Any] = {}
+    if agg.window.is_merging:
+        raw = store.get(_SESSION + key_bytes)
+        for start, end, acc in [] if raw is None else unpack(raw):
+            found[Window(start, end)] = acc_def.result(acc)
+    else:
+        for raw_key, raw in store.items(_WINDOWED):
+            w, kb = _parse_wkey(raw_key)
+            if kb == key_bytes:
+                found[w] = acc_def.result(unpack(raw))
+    return found if window is None else found.get(window)
+
+
 def _fold_session(
     state: _BatchState,
     acc_def: Any,

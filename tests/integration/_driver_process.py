@@ -196,10 +196,11 @@ class DriverProcess:
 
     Example::
 
-        driver = DriverProcess({"topology": "stream_assets.examples.wordcount:build", ...})
-        driver.start(); driver.wait_started(120)
-        ...
-        metrics = driver.stop(120)["metrics"]
+        spec = {"topology": "stream_assets.examples.wordcount:build", ...}
+        with DriverProcess(spec) as driver:  # starts it; kills it if still running at exit
+            driver.wait_started(120)
+            ...
+            metrics = driver.stop(120)["metrics"]
     """
 
     def __init__(
@@ -221,7 +222,9 @@ class DriverProcess:
         return self._popen.pid
 
     def start(self) -> DriverProcess:
-        """Launch the driver (returns at once; see ``wait_started``)."""
+        """Launch the driver (returns at once; see ``wait_started``). Once only."""
+        if self._popen is not None:
+            raise RuntimeError("this driver process was started already (the with block starts it)")
         self._dir.mkdir(parents=True, exist_ok=True)
         # The spec may hold credentials: a private file, removed once read.
         fd, name = tempfile.mkstemp(prefix="spec-", suffix=".json", dir=self._dir)

@@ -171,8 +171,7 @@ def test_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly
         "stream_assets.examples.wordcount:build",
         {"job_id": job, "source": source, "sink": sink},
     )
-    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
-        driver.start()
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
         driver.wait_started(240)
         produce(settings, source, _messages(waves[0], "a"), threads=2)
         driver.await_caught_up(CATCH_UP_S)
@@ -283,8 +282,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
         sys_path=[str(user_src)],
     )
     reference: dict[tuple[str, int, int], int] = collections.defaultdict(int)
-    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
-        driver.start()
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
         driver.wait_started(240)
         for wave in range(3):
             per_queue = _wave_events(rnd, wave, queues=2)

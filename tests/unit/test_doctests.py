@@ -22,7 +22,9 @@ def _modules() -> list[str]:
     names: list[str] = []
     for package in (stream_assets, resources, jobs):
         names.append(package.__name__)
-        names.extend(m.name for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}."))
+        names.extend(
+            m.name for m in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+        )
     return sorted(names)
 
 

@@ -1,0 +1,108 @@
+"""Under CPU load, slow batches fire no window early: every window once, with the reference sum.
+
+Four busy processes run beside the instance (``cpu_load``), so micro-batches
+take seconds. Idleness is judged by the source queues' end offsets and stage
+0's commits, never by the time between batches; a window fires when the
+per-origin watermark passes its end or when every source queue has stopped
+growing for the idle timeout. Input arrives partly before the start and partly
+live, each source queue in event-time order (jitter below the lateness), so no
+event is late and the reference is simply the sum per (key, window).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_assets.examples import windowed_sum
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.settings import RocketMQSettings
+from tests.integration._engine_util import produce_per_queue, read_topic, unique, wait_until
+from tests.integration._load import busy_seconds, cpu_load  # noqa: F401
+from tests.integration.conftest import EngineHarness
+
+pytestmark = pytest.mark.integration
+
+BASE_TS = 1_700_000_000_000  # window-aligned
+WINDOW_MS = 10_000
+QUEUES = 4
+EVENTS_PER_QUEUE = 6_000
+SPAN_MS = 240_000  # event time covered by each queue
+KEYS = [f"k{i}" for i in range(8)]
+
+
+def _queue_events(rnd: random.Random) -> list[dict[str, Any]]:
+    """One queue's events in event-time order, each pulled back by up to 2 s (< lateness)."""
+    step = SPAN_MS // EVENTS_PER_QUEUE
+    return [
+        {
+            "key": rnd.choice(KEYS),
+            "value": rnd.randint(1, 100),
+            "ts": max(BASE_TS, BASE_TS + i * step - rnd.randint(0, 2_000)),
+        }
+        for i in range(EVENTS_PER_QUEUE)
+    ]
+
+
+def _windows(admin: RocketMQAdmin, sink: str) -> tuple[dict[tuple[str, int], int], int]:
+    """(key, window start) -> sum as emitted, and how many distinct results were emitted."""
+    sums: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+    seen_keys: set[str] = set()
+    for r in read_topic(admin, sink):
+        if r.keys[0] in seen_keys:
+            continue  # an at-least-once copy of the same result (same message key)
+        seen_keys.add(r.keys[0])
+        v = json.loads(r.body)
+        sums[(v["key"], v["window_start"])].append(v["sum"])
+    for window, values in sums.items():
+        assert len(values) == 1, f"window {window} emitted {len(values)} times: {values}"
+    return {w: v[0] for w, v in sums.items()}, len(seen_keys)
+
+
+def test_windowed_sum_under_cpu_load_emits_every_window_once(
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    cpu_load: list[int],  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = unique("it-load")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, QUEUES)
+    rnd = random.Random(61)
+    per_queue = {q: _queue_events(rnd) for q in range(QUEUES)}
+    reference: dict[tuple[str, int], int] = collections.defaultdict(int)
+    for events in per_queue.values():
+        for e in events:
+            reference[(e["key"], e["ts"] - (e["ts"] - BASE_TS) % WINDOW_MS)] += e["value"]
+    bodies = {q: [json.dumps(e).encode() for e in evs] for q, evs in per_queue.items()}
+    half = EVENTS_PER_QUEUE // 2
+    produce_per_queue(client_settings, source, {q: b[:half] for q, b in bodies.items()})
+    topology = windowed_sum.build(job, source, sink, window_s=10, lateness_s=5, idle_timeout_s=10)
+    # Small batches: many of them, each slowed by the load.
+    inst = engine.start(engine.instance(topology, tmp_path / "state", max_records_per_batch=2_000))
+    produce_per_queue(client_settings, source, {q: b[half:] for q, b in bodies.items()})
+    inst.await_caught_up(600)
+    wait_until(
+        lambda: len(_windows(admin, sink)[0]) >= len(reference), 300, "every window", poll_s=1.0
+    )
+    emitted, results = _windows(admin, sink)
+    assert emitted == dict(reference)
+    assert results == len(reference)
+    assert inst.metrics[1].totals["late"] == 0
+    stage1 = inst.metrics[1]
+    mean_task_s = stage1.totals["seconds"] / max(1, stage1.tasks)
+    with capsys.disabled():
+        print(
+            f"\n[load] windowed sum, {QUEUES * EVENTS_PER_QUEUE} events beside 4 CPU hogs "
+            f"({busy_seconds(cpu_load):.0f} CPU-s burnt): {len(reference)} windows exact, each "
+            f"once; {stage1.batches} stateful batches, {mean_task_s:.2f} s per queue task "
+            "on average",
+            flush=True,
+        )
