@@ -13,7 +13,8 @@ from jobs.instance_job import instance_job
 from jobs.scale import scale_job
 from jobs.supervisor import supervisor_sensor
 from resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
-from stream_assets.control import REGISTRY, lineage_asset_specs
+from stream_assets.control.lineage import lineage_asset_specs
+from stream_assets.control.registry import REGISTRY
 
 defs = dg.Definitions(
     assets=lineage_asset_specs(reg.topology() for reg in REGISTRY.values()),
