@@ -57,6 +57,8 @@ class StageMetrics:
     tasks: int = 0
     totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     last_batch_at: float = 0.0
+    #: Wall seconds of the slowest micro-batch so far (tasks, commit, bookkeeping).
+    max_batch_s: float = 0.0
     watermark: int = -1
     #: Latest (keys, bytes) of each stateful queue's RocksDB.
     state: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -230,6 +232,7 @@ class Instance:
         def run_batch(df: Any, batch_id: int) -> None:
             if self._stopping.is_set():
                 raise StopRequested()
+            began = time.monotonic()
             rows = [r.asDict() for r in df.mapInArrow(task_fn(ctx), STATS_DDL).collect()]
             ride_out_outage(
                 lambda: self._commit(stage, rows),
@@ -237,7 +240,7 @@ class Instance:
                 what=f"{self.topology.job_id} stage {stage.index}: offset commit",
                 log=self.progress,
             )
-            self._record(stage.index, rows)
+            self._record(stage.index, rows, time.monotonic() - began)
 
         return run_batch
 
@@ -252,10 +255,11 @@ class Instance:
             queue = MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"]))
             admin.commit_consumer_offset(self.group, queue, int(row["end_offset"]))
 
-    def _record(self, stage: int, rows: list[dict[str, Any]]) -> None:
+    def _record(self, stage: int, rows: list[dict[str, Any]], seconds: float) -> None:
         with self._lock:
             m = self.metrics[stage]
             m.batches += 1
+            m.max_batch_s = max(m.max_batch_s, seconds)
             m.last_batch_at = time.time()
             m.tasks += len(rows)
             for row in rows:
