@@ -12,8 +12,10 @@ proven current against the state topic. Per micro-batch and queue
    is above the highest origin already applied from that source queue; skip
    the rest (exactly once across the shuffle).
 3. Judge lateness against the watermark as it stood at the start of the batch
-   (so results do not depend on how records were grouped into messages), then
-   advance the per-origin watermark and fire every window whose end it passed.
+   and against the record's own origin's progress (its earlier records in
+   offset order), so results do not depend on how records were grouped into
+   messages or batches; then advance the per-origin watermark and fire every
+   window whose end it passed.
    Origins the caller reports idle (judged by broker offsets, never by the
    time between batches) leave the watermark's minimum; when every origin is
    idle, all open windows fire.
@@ -126,6 +128,20 @@ def run_keyed_batch(
     # has fired), not one recomputed with this batch's idle set: an origin that
     # became idle may still have on-time records in this very batch.
     wm_start = _max_opt(tracker.last_watermark, closed_floor)
+    lateness = agg.allowed_lateness_ms
+
+    def closed_for(src: int) -> int | None:
+        """Up to where windows are closed for the next record from origin ``src``.
+
+        Closed by the watermark (what has fired), or by the origin's own
+        progress: its records before this one, in offset order, already reached
+        event time T, so anything for a window ending at or before
+        T - lateness is late, even while a silent origin holds the watermark
+        back, and even in a queue's first batch.
+        """
+        progress = tracker.max_event_time(src)
+        return _max_opt(wm_start, None if progress is None else progress - lateness)
+
     state = _BatchState(store)
     acc_def = agg.accumulator
     late: list[tuple[Any, Any, int, str]] = []
@@ -133,11 +149,17 @@ def run_keyed_batch(
     got_input = False
 
     def fold(
-        key: Any, window: Window | None, partial: Any, count: int, value: Any, origin: str
+        key: Any,
+        window: Window | None,
+        partial: Any,
+        count: int,
+        value: Any,
+        origin: str,
+        closed: int | None,
     ) -> None:
         """Fold a record (``value``) or a pre-combined ``partial`` into the state."""
         key_bytes = encode_key(key)
-        if window is not None and window_closed(window, wm_start):
+        if window is not None and window_closed(window, closed):
             stats.late += count
             late.append((key, value, window.end, origin))
             return
@@ -168,8 +190,9 @@ def run_keyed_batch(
                     windows: list[Window | None] = (
                         list(agg.window.assign(ts)) if agg.window is not None else [None]
                     )
+                    closed = closed_for(src)
                     for w in windows:
-                        fold(key, w, None, 1, value, f"{src}/{off}/{sub}")
+                        fold(key, w, None, 1, value, f"{src}/{off}/{sub}", closed)
                 except Exception as exc:
                     _dead_letter(
                         ctx, sender, stats, record, agg.op_id, exc, value, f"{src}/{off}/{sub}"
@@ -183,9 +206,11 @@ def run_keyed_batch(
             applied = end_origin
             got_input = True
             stats.records_in += int(body.get("n", 0))
+            # Partials of one batch of the origin: judged by its progress before them.
+            closed = closed_for(src)
             for key, ws, we, partial, max_ts, count in body["comb"]:
                 window = Window(ws, we) if ws is not None else None
-                fold(key, window, partial, count, None, f"{src}/{end_origin[0]}")
+                fold(key, window, partial, count, None, f"{src}/{end_origin[0]}", closed)
                 tracker.observe(src, max_ts)
         meta.origins[src] = (int(applied[0]), int(applied[1]))
 

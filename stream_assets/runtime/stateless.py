@@ -11,7 +11,9 @@ When the next aggregate is decomposable, records are pre-combined per key and
 window before sending, except below the offset each queue had reached when the
 instance started (``StageContext.may_combine``): a batch replayed after a crash
 may have other boundaries than the one that was cut short, and only per-record
-origins can be de-duplicated against any prefix.
+origins can be de-duplicated against any prefix. A shuffle queue's batch also
+goes per record when one of its records is late by its own origin's progress
+within the batch, so that stage 1 judges lateness exactly as without combining.
 
 Any failure of one record -- its deserializer, a user function, the key, the
 aggregate's ``add``, or a value or key the shuffle codec cannot carry -- sends
@@ -70,6 +72,8 @@ def run_source_batch(
     combined: dict[int, dict[tuple[bytes, Any, Any], list[Any]]] = defaultdict(dict)
     combined_records: dict[int, int] = defaultdict(int)  # keyed records bound for each queue
     last_offset = start - 1
+    progress: dict[int, int] = {}  # per shuffle queue: max event time sent this batch
+    per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
 
     for record in records:
         stats.records_in += 1
@@ -104,6 +108,16 @@ def run_source_batch(
             per_record[target].append((packed, record.queue_offset))
             combined_records[target] += 1
         if combine:
+            assert agg is not None
+            for target, entry_key, _key, _acc, _ts in partials:
+                # A record whose window this batch's own earlier records (bound
+                # for the same queue) already closed is late by its origin's
+                # progress; only the per-record form lets stage 1 judge that.
+                end = entry_key[2]
+                if end is not None and end <= progress.get(target, end) - agg.allowed_lateness_ms:
+                    per_record_only.add(target)
+            for target, _entry_key, _key, _acc, ts in partials:
+                progress[target] = max(progress.get(target, ts), ts)
             for target, entry_key, key, acc, ts in partials:
                 slot = combined[target].get(entry_key)
                 if slot is None:
@@ -117,7 +131,7 @@ def run_source_batch(
     if stage.output_topic is not None:
         for target in sorted(set(per_record) | set(combined)):
             body = None
-            if combine:
+            if combine and target not in per_record_only:
                 try:
                     body = encode_combined(
                         queue_id,

@@ -29,11 +29,36 @@ class PackingError(ValueError):
 
 
 def pack(obj: Any) -> bytes:
-    """msgpack bytes of ``obj``; :class:`PackingError` names what could not be encoded."""
+    """msgpack bytes of ``obj``; :class:`PackingError` names what could not be encoded.
+
+    >>> try:
+    ...     pack({"n": [1, 2**70]})
+    ... except PackingError as exc:
+    ...     print(exc)
+    cannot encode int 1180591620717411303424: Integer value out of range
+    """
     try:
         return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
     except _ENCODE_ERRORS as exc:
-        raise PackingError(f"cannot encode {type(obj).__name__} value: {exc}") from exc
+        culprit = _culprit(obj)
+        shown = repr(culprit)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise PackingError(f"cannot encode {type(culprit).__name__} {shown}: {exc}") from exc
+
+
+def _culprit(obj: Any) -> Any:
+    """The innermost part of ``obj`` msgpack refuses (only on the error path)."""
+    parts: list[Any] = []
+    if isinstance(obj, dict):
+        parts = [p for kv in obj.items() for p in kv]
+    elif isinstance(obj, list | tuple):
+        parts = list(obj)
+    for part in parts:
+        try:
+            msgpack.packb(part, use_bin_type=True)
+        except _ENCODE_ERRORS:
+            return _culprit(part)
+    return obj
 
 
 def unpack(data: bytes, use_list: bool = True) -> Any:
