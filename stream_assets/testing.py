@@ -74,7 +74,7 @@ from stream_assets.runtime.stateful import read_key_state, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
-from stream_assets.state.restore import RestoreResult, is_current, restore_queue
+from stream_assets.state.restore import RestoreResult, ensure_current, restore_queue
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import Window
 
@@ -715,11 +715,11 @@ class TopologyTestDriver:
     def _make_current(self, stage: Stage, queue_id: int, store: QueueStateStore) -> int:
         """As the Spark adapter: a store behind its state queue is rebuilt first (1 if so)."""
         assert stage.state_topic is not None
-        if is_current(store.meta, self.broker.topic(stage.state_topic).end(queue_id)):
-            return 0
-        store.wipe()
-        self._restore(stage, queue_id, store)
-        return 1
+        view = _StateTopicView(self.broker)
+        restored = ensure_current(
+            store, stage.state_topic, queue_id, cast(RocketMQAdmin, view), cast(QueueReader, view)
+        )
+        return 0 if restored is None else 1
 
     def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:
         assert stage.state_topic is not None

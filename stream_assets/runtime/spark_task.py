@@ -38,7 +38,7 @@ from stream_assets.runtime.stateful import check_owner, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import ChangelogConflictError
-from stream_assets.state.restore import is_current, restore_queue, settled_end, state_queue
+from stream_assets.state.restore import ensure_current
 from stream_assets.state.store import QueueStateStore
 
 _CONFLICT_ATTEMPTS = 3
@@ -124,19 +124,15 @@ def _stateful_attempt(
     store.open()
     try:
         began = time.monotonic()
-        log = state_queue(admin, stage.stage.state_topic, queue_id)
-        restores = restored_keys = 0
-        if not is_current(store.meta, settled_end(admin, log, store.meta.log_end or 0)):
-            store.wipe()
-            result = restore_queue(
-                store, stage.stage.state_topic, queue_id, admin, reader_for(settings, ctx.group)
-            )
-            restores, restored_keys = 1, result.keys
+        reader = reader_for(settings, ctx.group)
+        restored = ensure_current(store, stage.stage.state_topic, queue_id, admin, reader)
         check_owner(stage, store)  # before reading or sending anything
         currency_s = time.monotonic() - began
-        records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
+        records = reader.read(ctx.input_queue(queue_id), start, end)
         stats = run_keyed_batch(stage, queue_id, end, records, store, producer, idle)
-        stats.restores, stats.restored_keys, stats.currency_s = restores, restored_keys, currency_s
+        stats.currency_s = currency_s
+        if restored is not None:
+            stats.restores, stats.restored_keys = 1, restored.keys
         stats.state_keys = store.estimated_key_count()
         stats.state_bytes = store.size_bytes()
     finally:

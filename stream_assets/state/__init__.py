@@ -4,14 +4,12 @@
 - :mod:`~stream_assets.state.meta`: :class:`StateMeta`, the committed bookkeeping.
 - :mod:`~stream_assets.state.records`: the state topic's message format.
 - :mod:`~stream_assets.state.changelog`: :func:`commit_with_changelog`, deltas and snapshots.
-- :mod:`~stream_assets.state.restore`: :func:`restore_queue`, :func:`local_is_current`.
+- :mod:`~stream_assets.state.restore`: :func:`ensure_current`, :func:`restore_queue`.
 
 Example::
 
     >>> with QueueStateStore(root, "wc", "count", 2) as store:  # doctest: +SKIP
-    ...     if not local_is_current(store, "wc-state", 2, admin):
-    ...         store.wipe()
-    ...         restore_queue(store, "wc-state", 2, admin, reader)
+    ...     ensure_current(store, "wc-state", 2, admin, reader)  # restores if behind
     ...     meta = store.next_meta()
     ...     commit_with_changelog(store, {b"apple": b"3"}, meta, writer)
 """
@@ -36,6 +34,7 @@ from stream_assets.state.meta import StateMeta
 from stream_assets.state.restore import (
     RestoreProgress,
     RestoreResult,
+    ensure_current,
     is_current,
     local_is_current,
     restore_queue,
@@ -59,6 +58,7 @@ __all__ = [
     "StateRestoreError",
     "StateSequenceError",
     "commit_with_changelog",
+    "ensure_current",
     "is_current",
     "local_is_current",
     "restore_queue",

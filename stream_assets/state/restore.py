@@ -181,6 +181,32 @@ def local_is_current(
     return is_current(store.meta, settled_end(admin, queue, store.meta.log_end or 0))
 
 
+def ensure_current(
+    store: QueueStateStore,
+    state_topic: str,
+    queue_id: int,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+    progress: ProgressCallback | None = None,
+) -> RestoreResult | None:
+    """Prove ``store`` holds its whole state queue; wipe and restore it if not.
+
+    What every stateful batch does first: one offset query when the store is
+    current (None is returned), a restore (its result) when another executor,
+    instance or a crashed attempt wrote since this store's last write.
+
+    Example::
+
+        >>> result = ensure_current(store, "wc-state", 2, admin, reader)  # doctest: +SKIP
+        >>> "restored" if result else "was current"  # doctest: +SKIP
+        'was current'
+    """
+    if local_is_current(store, state_topic, queue_id, admin):
+        return None
+    store.wipe()
+    return restore_queue(store, state_topic, queue_id, admin, reader, progress)
+
+
 def restore_queue(
     store: QueueStateStore,
     state_topic: str,

@@ -90,3 +90,15 @@ def engine(engine_session: EngineHarness) -> Iterator[EngineHarness]:
     """The shared harness; instances a test started are stopped when it ends."""
     yield engine_session
     engine_session.stop_all()
+
+
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> Any:
+    """Print a figure to the terminal even when output is captured, tagged by test module."""
+    tag = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+
+    def emit(text: str) -> None:
+        with capsys.disabled():
+            print(f"\n[{tag}] {text}", flush=True)
+
+    return emit

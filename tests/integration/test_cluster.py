@@ -54,17 +54,6 @@ POISONED_EXECUTOR_ENV = {
 }
 
 
-@pytest.fixture
-def report(capsys: pytest.CaptureFixture[str]) -> Any:
-    """Print a figure to the terminal even when output is captured."""
-
-    def emit(text: str) -> None:
-        with capsys.disabled():
-            print(f"\n[cluster] {text}", flush=True)
-
-    return emit
-
-
 def _driver_settings(client_settings: RocketMQSettings) -> RocketMQSettings:
     """Client settings given to the driver only: not the defaults, not the environment's."""
     return RocketMQSettings.model_validate(

@@ -58,17 +58,6 @@ pytestmark = pytest.mark.integration
 CATCH_UP_S = 240.0
 
 
-@pytest.fixture
-def report(capsys: pytest.CaptureFixture[str]) -> Any:
-    """Print a figure to the terminal even when output is captured."""
-
-    def emit(text: str) -> None:
-        with capsys.disabled():
-            print(f"\n[engine] {text}", flush=True)
-
-    return emit
-
-
 def _vocabulary(size: int) -> list[str]:
     return [f"w{i:04d}" for i in range(size)]
 
