@@ -91,8 +91,11 @@ class TaskStats:
     fired: int = 0
     state_keys: int = 0
     state_bytes: int = 0
-    #: 1 when this batch found its local store behind the state topic and restored it.
+    #: 1 when this batch found its local store behind the state topic and restored it
+    #: in full (wipe, latest snapshot, tail) ...
     restores: int = 0
+    #: ... or 1 when it caught up by applying only the deltas written since its own.
+    catch_ups: int = 0
     restored_keys: int = 0
     #: Seconds spent proving the local store current (one offset query) and restoring.
     currency_s: float = 0.0

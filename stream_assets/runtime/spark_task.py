@@ -132,7 +132,11 @@ def _stateful_attempt(
         stats = run_keyed_batch(stage, queue_id, end, records, store, producer, idle)
         stats.currency_s = currency_s
         if restored is not None:
-            stats.restores, stats.restored_keys = 1, restored.keys
+            stats.restored_keys = restored.keys
+            if restored.caught_up:
+                stats.catch_ups = 1
+            else:
+                stats.restores = 1
         stats.state_keys = store.estimated_key_count()
         stats.state_bytes = store.size_bytes()
     finally:

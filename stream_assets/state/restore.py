@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.serde.packing import PackingError, StreamUnpacker
-from stream_assets.state.errors import StateFormatError, StateRestoreError
+from stream_assets.state.errors import StateError, StateFormatError, StateRestoreError
 from stream_assets.state.meta import StateMeta
 from stream_assets.state.records import (
     ChangelogRecord,
@@ -82,6 +82,8 @@ class RestoreResult:
     start_offset: int
     end_offset: int
     snapshot_offset: int | None
+    #: True: only the tail after the store's own log end was applied (no wipe).
+    caught_up: bool = False
 
 
 ProgressCallback = Callable[[RestoreProgress], None]
@@ -192,8 +194,10 @@ def ensure_current(
     """Prove ``store`` holds its whole state queue; wipe and restore it if not.
 
     What every stateful batch does first: one offset query when the store is
-    current (None is returned), a restore (its result) when another executor,
-    instance or a crashed attempt wrote since this store's last write.
+    current (None is returned). When another executor, instance or a crashed
+    attempt wrote since this store's last write, the store catches up by
+    applying just those deltas if it can (``caught_up`` in the result), else
+    it is wiped and restored from the latest snapshot.
 
     Example::
 
@@ -201,10 +205,57 @@ def ensure_current(
         >>> "restored" if result else "was current"  # doctest: +SKIP
         'was current'
     """
-    if local_is_current(store, state_topic, queue_id, admin):
+    queue = state_queue(admin, state_topic, queue_id)
+    mine = store.meta
+    end = settled_end(admin, queue, mine.log_end or 0)
+    if is_current(mine, end):
         return None
+    if mine.seq > 0 and mine.log_end is not None and mine.log_end < end:
+        try:
+            return _catch_up(store, queue, admin, reader, end, progress)
+        except StateError:
+            pass  # the tail does not continue this store's history: restore in full
     store.wipe()
     return restore_queue(store, state_topic, queue_id, admin, reader, progress)
+
+
+def _catch_up(
+    store: QueueStateStore,
+    queue: MessageQueue,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+    end: int,
+    progress: ProgressCallback | None,
+) -> RestoreResult:
+    """Apply only what was written after the store's own log end (a queue that came back).
+
+    Valid records form one chain, each built on everything before it, so the
+    deltas after this store's log end continue exactly its history (seq + 1,
+    + 2, ...). Anything else (retention dropped them, a gap) raises, and the
+    caller restores in full. Snapshots in the tail repeat what the deltas hold.
+    """
+    started = time.perf_counter()
+    mine = store.meta
+    assert mine.log_end is not None
+    if mine.log_end < admin.min_offset(queue):
+        raise StateRestoreError(f"{queue.topic}[{queue.queue_id}]: the tail was dropped")
+    replay = _Replay(store, reader, queue, end, progress)
+    replay.expect(mine.log_end)
+    replay.deltas(replay.records(mine.log_end), applied=mine.seq)
+    replay.report()
+    store.update_meta(replace(store.meta, log_end=end))
+    return RestoreResult(
+        queue_id=queue.queue_id,
+        keys=replay.keys,
+        seq=store.meta.seq,
+        messages_read=replay.messages,
+        bytes_read=replay.bytes,
+        seconds=time.perf_counter() - started,
+        start_offset=mine.log_end,
+        end_offset=end,
+        snapshot_offset=store.meta.snapshot_offset,
+        caught_up=True,
+    )
 
 
 def restore_queue(

@@ -312,7 +312,9 @@ def _report_state_costs(report: Any, what: str, stage: dict[str, Any], voids: in
     totals, tasks = stage["totals"], max(1, stage["tasks"])
     report(
         f"{what}: {tasks} stateful queue tasks in {stage['batches']} batches, "
-        f"{int(totals['restores'])} had to restore ({100 * totals['restores'] / tasks:.1f} %); "
+        f"{int(totals['restores'])} restored in full ({100 * totals['restores'] / tasks:.1f} %), "
+        f"{int(totals['catch_ups'])} caught up on another executor's deltas "
+        f"({100 * totals['catch_ups'] / tasks:.1f} %); "
         f"currency check + restores {1000 * totals['currency_s'] / tasks:.1f} ms per task; "
         f"{voids} void state records"
     )

@@ -33,6 +33,7 @@ from stream_assets.state import (
     restore_queue,
     topic_seq,
 )
+from stream_assets.state import ensure_current as state_ensure_current
 from stream_assets.state.records import (
     ChangelogRecord,
     Delta,
@@ -554,3 +555,53 @@ def test_meta_owner_fields_round_trip_and_version_1_still_reads() -> None:
     old = StateMeta.from_wire(v1)
     assert old == StateMeta(seq=2, origins={0: (5, 1)}, input_offset=6, extra={"x": 1})
     assert (old.generation, old.writer, old.log_end) == (0, "", None)
+
+
+def test_a_store_that_comes_back_catches_up_on_the_deltas_written_since(tmp_path: Path) -> None:
+    """Two executors take turns: each catches up on the other's deltas, never a full restore,
+    and ends equal to the reference and to a store restored from scratch."""
+    rng = random.Random(41)
+    topic = MemoryTopic()
+    ref = Reference()
+    writer = ChangelogWriter(
+        MemorySender(topic), TOPIC, QUEUE, snapshot_every=3, max_body=2048, chunk_bytes=700
+    )
+    with (
+        QueueStateStore(tmp_path / "a", "job", "op", QUEUE) as a,
+        QueueStateStore(tmp_path / "b", "job", "op", QUEUE) as b,
+    ):
+        outcomes = []
+        for turn in range(12):
+            store = (a, b)[turn % 2]
+            result = state_ensure_current(store, TOPIC, QUEUE, topic.admin, topic.reader)
+            outcomes.append(None if result is None else result.caught_up)
+            for _ in range(rng.randint(1, 3)):  # 1-3 batches on this executor
+                commit(store, writer, random_changes(rng, ref, n=30), ref)
+        # Turn 0 and 1 start fresh (nothing / a restore); every later turn catches up.
+        assert outcomes[0] is None and outcomes[1] is False
+        assert all(o is True for o in outcomes[2:]), outcomes
+        last = (a, b)[11 % 2]
+        assert dict(last.items()) == ref.values
+        values, meta = restored(tmp_path / "fresh", topic)
+        assert values == ref.values and meta.seq == last.meta.seq
+
+
+def test_a_store_whose_tail_was_dropped_by_retention_restores_in_full(tmp_path: Path) -> None:
+    rng = random.Random(43)
+    topic = MemoryTopic()
+    ref = Reference()
+    writer = ChangelogWriter(MemorySender(topic), TOPIC, QUEUE, snapshot_every=3)
+    with QueueStateStore(tmp_path / "a", "job", "op", QUEUE) as a:
+        commit(a, writer, random_changes(rng, ref), ref)
+        with QueueStateStore(tmp_path / "b", "job", "op", QUEUE) as b:
+            state_ensure_current(b, TOPIC, QUEUE, topic.admin, topic.reader)
+            for _ in range(6):  # seq 2..7: snapshots after seq 3 and 6
+                commit(b, writer, random_changes(rng, ref), ref)
+            latest_snapshot = b.meta.snapshot_offset
+        assert latest_snapshot is not None
+        # The broker's retention drops everything before the latest snapshot.
+        topic.min_offset = lambda queue: latest_snapshot  # type: ignore[method-assign]
+        result = state_ensure_current(a, TOPIC, QUEUE, topic.admin, topic.reader)
+        assert result is not None and not result.caught_up
+        assert result.start_offset == latest_snapshot
+        assert dict(a.items()) == ref.values and a.meta.seq == 7
