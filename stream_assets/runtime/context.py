@@ -97,8 +97,10 @@ class TaskStats:
     #: ... or 1 when it caught up by applying only the deltas written since its own.
     catch_ups: int = 0
     restored_keys: int = 0
-    #: Seconds spent proving the local store current (one offset query) and restoring.
+    #: Seconds spent proving the local store current (the offset query) ...
     currency_s: float = 0.0
+    #: ... and restoring or catching up when it was not.
+    restore_s: float = 0.0
     watermark: int = -1
     #: Digest of the client settings the task used (credentials included, never shown):
     #: lets the driver prove its settings, not the executor's environment, reached the task.

@@ -132,7 +132,8 @@ def _stateful_attempt(
         stats = run_keyed_batch(stage, queue_id, end, records, store, producer, idle)
         stats.currency_s = currency_s
         if restored is not None:
-            stats.restored_keys = restored.keys
+            stats.currency_s = max(0.0, currency_s - restored.seconds)
+            stats.restore_s, stats.restored_keys = restored.seconds, restored.keys
             if restored.caught_up:
                 stats.catch_ups = 1
             else:

@@ -315,7 +315,8 @@ def _report_state_costs(report: Any, what: str, stage: dict[str, Any], voids: in
         f"{int(totals['restores'])} restored in full ({100 * totals['restores'] / tasks:.1f} %), "
         f"{int(totals['catch_ups'])} caught up on another executor's deltas "
         f"({100 * totals['catch_ups'] / tasks:.1f} %); "
-        f"currency check + restores {1000 * totals['currency_s'] / tasks:.1f} ms per task; "
+        f"currency check {1000 * totals['currency_s'] / tasks:.1f} ms per task, restores and "
+        f"catch-ups {totals['restore_s']:.2f} s in all; "
         f"{voids} void state records"
     )
 
