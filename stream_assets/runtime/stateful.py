@@ -210,7 +210,13 @@ def run_keyed_batch(
             closed = closed_for(src)
             for key, ws, we, partial, max_ts, count in body["comb"]:
                 window = Window(ws, we) if ws is not None else None
-                fold(key, window, partial, count, None, f"{src}/{end_origin[0]}", closed)
+                where = f"{src}/{end_origin[0]}"
+                try:
+                    fold(key, window, partial, count, None, where, closed)
+                except Exception as exc:  # e.g. a merged sum the state cannot hold
+                    position = f"{where}/{_result_key(key)}/{ws}"
+                    value = [key, ws, we, partial]
+                    _dead_letter(ctx, sender, stats, record, agg.op_id, exc, value, position)
                 tracker.observe(src, max_ts)
         meta.origins[src] = (int(applied[0]), int(applied[1]))
 

@@ -144,3 +144,25 @@ def test_an_integer_beyond_64_bits_is_one_dead_letter_and_the_rest_is_exact() ->
     assert sorted(json.loads(body)["n"] for body, _ in dead) == sorted(p["n"] for p in poison)
     for _body, props in dead:
         assert props["operator"].startswith("key_by") and "int" in props["reason"]
+
+
+def test_a_sum_that_outgrows_the_state_codec_is_a_dead_letter_with_and_without_combining() -> None:
+    """Two sums each within 64 bits whose total is not: the record (or the pre-combined
+    partial) that would overflow the stored state goes to the dead letters; the rest
+    of the batch and the other keys are exact."""
+    builder = StreamBuilder("overflow")
+    builder.source("in", json_deserializer).key_by("k").sum("n", "s").to_rstream().sink("out")
+    big = 2**64 - 10  # fits msgpack (unsigned 64 bits); twice it does not
+    events = [{"k": "big", "n": big}, {"k": "big", "n": big}] + [
+        {"k": "small", "n": i} for i in range(50)
+    ]
+    for pre_combine in (True, False):
+        with TopologyTestDriver(builder.build(), source_queues=1, pre_combine=pre_combine) as d:
+            d.pipe_many(events[:1], queue=0)
+            d.advance()
+            d.pipe_many(events[1:], queue=0)
+            d.advance()
+            totals = {o["key"]: o["s"] for o in d.outputs("out")}
+            dead = d.dead_letters()
+        assert totals == {"big": big, "small": sum(range(50))}, pre_combine
+        assert len(dead) == 1 and "int" in dead[0][1]["reason"], (pre_combine, dead)
