@@ -91,11 +91,18 @@ def package_module(top: str, into: Path) -> Path:
     return Path(source)
 
 
+#: Modules already added, per SparkContext: executors import a module once per
+#: Python worker, so adding it again (another instance in the same session) is clutter.
+_shipped: dict[int, set[str]] = {}
+
+
 def ship_user_code(spark_context: Any, topology: Topology) -> list[str]:
     """Add every module of :func:`user_modules` to ``spark_context``; returns their names."""
-    tops = sorted(user_modules(topology))
+    done = _shipped.setdefault(id(spark_context), set())
+    tops = sorted(user_modules(topology) - done)
     if tops:
         into = Path(tempfile.mkdtemp(prefix="stream-assets-pyfiles-"))
         for top in tops:
             spark_context.addPyFile(str(package_module(top, into)))
+        done.update(tops)
     return tops
