@@ -74,7 +74,12 @@ from stream_assets.runtime.stateful import read_key_state, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
-from stream_assets.state.restore import RestoreResult, ensure_current, restore_queue
+from stream_assets.state.restore import (
+    RestoreResult,
+    ensure_current,
+    restore_queue,
+    state_queue,
+)
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import Window
 
@@ -716,9 +721,9 @@ class TopologyTestDriver:
         """As the Spark adapter: a store behind its state queue is rebuilt first (1 if so)."""
         assert stage.state_topic is not None
         view = _StateTopicView(self.broker)
-        restored = ensure_current(
-            store, stage.state_topic, queue_id, cast(RocketMQAdmin, view), cast(QueueReader, view)
-        )
+        admin = cast(RocketMQAdmin, view)
+        queue = state_queue(admin, stage.state_topic, queue_id)
+        restored = ensure_current(store, queue, admin, cast(QueueReader, view))
         return 0 if restored is None else 1
 
     def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:

@@ -125,7 +125,9 @@ def _stateful_attempt(
     try:
         began = time.monotonic()
         reader = reader_for(settings, ctx.group)
-        restored = ensure_current(store, stage.stage.state_topic, queue_id, admin, reader)
+        # The queue from the context (no route lookup): one offset query when current.
+        log = MessageQueue(stage.stage.state_topic, ctx.broker_name, queue_id)
+        restored = ensure_current(store, log, admin, reader)
         check_owner(stage, store)  # before reading or sending anything
         currency_s = time.monotonic() - began
         records = reader.read(ctx.input_queue(queue_id), start, end)

@@ -185,13 +185,12 @@ def local_is_current(
 
 def ensure_current(
     store: QueueStateStore,
-    state_topic: str,
-    queue_id: int,
+    queue: MessageQueue,
     admin: RocketMQAdmin,
     reader: QueueReader,
     progress: ProgressCallback | None = None,
 ) -> RestoreResult | None:
-    """Prove ``store`` holds its whole state queue; wipe and restore it if not.
+    """Prove ``store`` holds its whole state ``queue``; catch up or restore it if not.
 
     What every stateful batch does first: one offset query when the store is
     current (None is returned). When another executor, instance or a crashed
@@ -201,11 +200,11 @@ def ensure_current(
 
     Example::
 
-        >>> result = ensure_current(store, "wc-state", 2, admin, reader)  # doctest: +SKIP
+        >>> queue = state_queue(admin, "wc-state", 2)  # doctest: +SKIP
+        >>> result = ensure_current(store, queue, admin, reader)  # doctest: +SKIP
         >>> "restored" if result else "was current"  # doctest: +SKIP
         'was current'
     """
-    queue = state_queue(admin, state_topic, queue_id)
     mine = store.meta
     end = settled_end(admin, queue, mine.log_end or 0)
     if is_current(mine, end):
@@ -216,7 +215,7 @@ def ensure_current(
         except StateError:
             pass  # the tail does not continue this store's history: restore in full
     store.wipe()
-    return restore_queue(store, state_topic, queue_id, admin, reader, progress)
+    return restore_queue(store, queue.topic, queue.queue_id, admin, reader, progress)
 
 
 def _catch_up(

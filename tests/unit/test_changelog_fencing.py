@@ -48,6 +48,7 @@ from stream_assets.state.records import (
 TOPIC = "job-state"
 QUEUE = 2
 QUEUES = 4
+QUEUE_OF = MessageQueue(TOPIC, "memory", QUEUE)
 
 
 class MemoryTopic:
@@ -573,7 +574,7 @@ def test_a_store_that_comes_back_catches_up_on_the_deltas_written_since(tmp_path
         outcomes = []
         for turn in range(12):
             store = (a, b)[turn % 2]
-            result = state_ensure_current(store, TOPIC, QUEUE, topic.admin, topic.reader)
+            result = state_ensure_current(store, QUEUE_OF, topic.admin, topic.reader)
             outcomes.append(None if result is None else result.caught_up)
             for _ in range(rng.randint(1, 3)):  # 1-3 batches on this executor
                 commit(store, writer, random_changes(rng, ref, n=30), ref)
@@ -594,14 +595,14 @@ def test_a_store_whose_tail_was_dropped_by_retention_restores_in_full(tmp_path: 
     with QueueStateStore(tmp_path / "a", "job", "op", QUEUE) as a:
         commit(a, writer, random_changes(rng, ref), ref)
         with QueueStateStore(tmp_path / "b", "job", "op", QUEUE) as b:
-            state_ensure_current(b, TOPIC, QUEUE, topic.admin, topic.reader)
+            state_ensure_current(b, QUEUE_OF, topic.admin, topic.reader)
             for _ in range(6):  # seq 2..7: snapshots after seq 3 and 6
                 commit(b, writer, random_changes(rng, ref), ref)
             latest_snapshot = b.meta.snapshot_offset
         assert latest_snapshot is not None
         # The broker's retention drops everything before the latest snapshot.
         topic.min_offset = lambda queue: latest_snapshot  # type: ignore[method-assign]
-        result = state_ensure_current(a, TOPIC, QUEUE, topic.admin, topic.reader)
+        result = state_ensure_current(a, QUEUE_OF, topic.admin, topic.reader)
         assert result is not None and not result.caught_up
         assert result.start_offset == latest_snapshot
         assert dict(a.items()) == ref.values and a.meta.seq == 7
