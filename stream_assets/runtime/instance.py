@@ -61,6 +61,14 @@ class StageMetrics:
     settings_digests: set[str] = field(default_factory=set)
 
 
+def _quiet(spark: Any, logger: str) -> None:
+    """Only errors from ``logger``: its "batch is falling behind" warning repeats on every
+    slow batch; the instance reports batch durations itself (``StageMetrics.max_batch_s``)."""
+    jvm = spark.sparkContext._jvm
+    level = jvm.org.apache.logging.log4j.Level.ERROR
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, level)
+
+
 def _print(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -126,11 +134,14 @@ class Instance:
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.python.worker.reuse", "true")
             .config("spark.sql.streaming.stopTimeout", "60s")
+            # Streaming queries cannot use it; left on, Spark warns once per query.
+            .config("spark.sql.adaptive.enabled", "false")
         )
         for key, value in self.engine.spark_conf.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
+        _quiet(spark, "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor")
         spark.dataSource.register(RocketMQDataSource)
         return spark
 
