@@ -1,6 +1,8 @@
 """WordCount throughput (with and without pre-shuffle combine) and latency.
 
-Prints, against the ``broker_roundtrip`` baseline measured in the same run:
+Prints, against baselines measured in the same run (``broker_roundtrip``, and
+"raw read + count" from ``limits.py``: one plain Python process pulling the
+same input and counting with ``collections.Counter``):
 
 - throughput in input lines/s (input produced while the instance runs, several
   lines a message), with pre-shuffle combine on and off, and the shuffle
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._engine import percentiles, produce, run_live, unique, warm_spark
 from benchmarks.broker_roundtrip import measure
+from benchmarks.limits import consume
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.runtime.instance import Instance
@@ -77,9 +80,11 @@ def main() -> None:
         instance.stop()
         stage0, stage1 = instance.metrics[0].totals, instance.metrics[1].totals
         rate = args.lines / seconds
+        raw = consume(settings, src, count=True)["lines_per_s"]
         print(
             f"wordcount, pre-shuffle combine {'on ' if combine else 'off'}: "
             f"{rate:.0f} lines/s ({rate * 8:.0f} words/s) = "
+            f"{100 * rate / raw:.1f} % of raw read + count ({raw:.0f} lines/s), "
             f"{rate / base['roundtrip_msgs_per_s']:.2f} x broker round trip; "
             f"{stage0.get('shuffle_messages', 0):.0f} shuffle messages carrying "
             f"{stage0.get('shuffle_records', 0):.0f} entries for "
