@@ -51,6 +51,10 @@ class RequestCode(IntEnum):
     GET_ROUTEINFO_BY_TOPIC = 105
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     GET_BROKER_CLUSTER_INFO = 106
+    GET_TOPIC_STATS_INFO = 202
+    GET_CONSUME_STATS = 208
+    SEND_MESSAGE_V2 = 310
+    SEND_BATCH_MESSAGE = 320
 
 
 class ResponseCode(IntEnum):
@@ -183,6 +187,49 @@ class RemotingConnection:
                     if attempt + 1 == attempts:
                         raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
             raise AssertionError("unreachable")
+
+    def call_many(
+        self,
+        requests: list[tuple[int, dict[str, str], bytes]],
+        timeout_s: float | None = None,
+    ) -> list[RemotingCommand]:
+        """Send every ``(code, ext_fields, body)`` request at once, then await all replies.
+
+        Pipelined: one write of all frames, then replies in whatever order the
+        server answers, returned in request order. One round trip instead of
+        ``len(requests)``. Not retried: a socket failure closes the connection
+        and raises :class:`BrokerUnreachableError`; which requests took effect
+        is unknown, so only the caller can decide whether repeating is safe.
+
+        Example::
+
+            >>> replies = conn.call_many([(RequestCode.GET_MAX_OFFSET, f, b"") for f in fields])  # doctest: +SKIP
+        """
+        if not requests:
+            return []
+        commands = []
+        for code, ext_fields, body in requests:
+            fields = {k: str(v) for k, v in ext_fields.items()}
+            if self._credentials is not None:
+                fields = self._credentials.sign(fields, body)
+            commands.append(
+                RemotingCommand(code=code, opaque=next(self._opaques), ext_fields=fields, body=body)
+            )
+        with self._lock:
+            try:
+                sock = self._connect()
+                sock.settimeout(timeout_s or self.timeout_s)
+                sock.sendall(b"".join(c.encode() for c in commands))
+                waiting = {c.opaque: i for i, c in enumerate(commands)}
+                replies: list[RemotingCommand | None] = [None] * len(commands)
+                while waiting:
+                    reply = RemotingCommand.decode(self._read_frame(sock))
+                    if reply.flag & _RESPONSE_FLAG and reply.opaque in waiting:
+                        replies[waiting.pop(reply.opaque)] = reply
+            except (OSError, ValueError) as exc:
+                self._close()
+                raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
+        return [r for r in replies if r is not None]
 
     def _exchange(self, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
         sock = self._connect()
