@@ -26,6 +26,7 @@ import dagster as dg
 from pydantic import Field
 
 from stream_assets.settings import EngineSettings
+from stream_assets.state.errors import StateLockedError
 from stream_assets.state.store import QueueStateStore
 
 _QUEUE_DIR = re.compile(r"^queue-(\d+)$")
@@ -126,11 +127,11 @@ class RocksDBStateStoreResource(dg.ConfigurableResource):  # type: ignore[type-a
         seq: int | None = None
         if count_keys:
             try:
-                store.open()
-            except Exception as exc:
-                # rocksdict reports a held lock as a plain Exception ("IO error: lock ...").
-                if "lock" not in str(exc).lower():
-                    raise
+                # Without waiting: a running instance keeps its stores open, and a
+                # look at the stats must not ask it to hand them over.
+                store.open(wait_s=0)
+            except StateLockedError:
+                pass
             else:
                 try:
                     keys, seq = store.key_count(), store.meta.seq

@@ -57,7 +57,7 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,8 +67,9 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import MessageTooLargeError, RocketMQError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
-from stream_assets.rocketmq.records import Record, SendReceipt
+from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt
 from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.runtime.stateful import read_key_state, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
@@ -169,6 +170,7 @@ class InMemoryBroker:
         self.max_message_size = max_message_size
         self.clock = 0
         self._round_robin: dict[str, int] = {}
+        self._unflushed: list[SendReceipt] = []
 
     def create_topic(self, name: str, queues: int) -> InMemoryTopic:
         """Create ``name`` with ``queues`` queues (an existing one must have that count)."""
@@ -201,10 +203,41 @@ class InMemoryBroker:
         key: str | None = None,
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
+        route_key: str | None = None,
     ) -> SendReceipt:
-        """Store one message, as the producer would; returns where it was stored."""
-        record = self.append(topic, body, key=key, queue_id=queue_id, properties=properties)
-        return SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
+        """Store one message at once, as the producer would; returns where it was stored.
+
+        Also a :class:`~stream_assets.runtime.ports.Sender`: :meth:`flush`
+        returns the receipts of the sends since the last flush.
+        """
+        record = self.append(
+            topic, body, key=key, queue_id=queue_id, properties=properties, route_key=route_key
+        )
+        receipt = SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
+        self._unflushed.append(receipt)
+        return receipt
+
+    def flush(self) -> list[SendReceipt]:
+        """The receipts of :meth:`send` since the last flush (stored already)."""
+        done, self._unflushed = self._unflushed, []
+        return done
+
+    def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]:
+        """Store several messages in order (the batching producer's call); their receipts."""
+        receipts = []
+        for m in messages:
+            record = self.append(
+                m.topic,
+                m.body,
+                key=m.key,
+                queue_id=m.queue_id,
+                properties=m.properties,
+                route_key=m.route_key,
+            )
+            receipts.append(
+                SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
+            )
+        return receipts
 
     def append(
         self,
@@ -215,6 +248,7 @@ class InMemoryBroker:
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
         timestamp: int | None = None,
+        route_key: str | None = None,
     ) -> Record:
         """:meth:`send` with an explicit born timestamp (default ``clock``); the stored record."""
         target = self.topic(topic)
@@ -230,8 +264,8 @@ class InMemoryBroker:
             if not 0 <= queue_id < count:
                 raise ValueError(f"queue_id {queue_id} is outside topic {topic!r}'s {count} queues")
             chosen = queue_id
-        elif key is not None:
-            chosen = queue_for_key(key, count)
+        elif (chooser := route_key if route_key is not None else key) is not None:
+            chosen = queue_for_key(chooser, count)
         else:
             turn = self._round_robin.get(topic, 0)
             self._round_robin[topic] = turn + 1
@@ -674,7 +708,7 @@ class TopologyTestDriver:
                 continue
             records = topic.read(q, start, end)
             with contextlib.redirect_stdout(self._stdout):
-                stats = run_source_batch(ctx, q, start, end, records, self.broker)
+                stats = run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
             self.stats.append(stats)
             committed[q] = end
             progressed = True
@@ -699,9 +733,9 @@ class TopologyTestDriver:
             restores = self._make_current(stage, q, store)
             records = topic.read(q, start, end)
             with contextlib.redirect_stdout(self._stdout):
-                stats = run_keyed_batch(ctx, q, end, records, store, self.broker, idle)
+                stats = run_keyed_batch(ctx, q, end, records, store, SendBuffer(self.broker), idle)
             stats.restores = restores
-            stats.state_keys = store.key_count()
+            stats.state_keys = store.estimated_key_count()
             self.stats.append(stats)
             committed[q] = end
             progressed |= end > start

@@ -257,6 +257,13 @@ class LocalBroker:
                 "mappedFileSizeCommitLog": self.settings.commitlog_file_size,
                 "maxMessageSize": self.settings.max_message_size,
                 "flushConsumerOffsetInterval": 1000,
+                # A pull returns at most 32 messages / 256 KiB by default (8 / 64 KiB
+                # from disk): one round trip per 32 small messages capped every
+                # reader. Raised so one pull can carry a whole reader batch.
+                "maxTransferCountOnMessageInMemory": 1024,
+                "maxTransferBytesOnMessageInMemory": 4 * 1024 * 1024,
+                "maxTransferCountOnMessageInDisk": 1024,
+                "maxTransferBytesOnMessageInDisk": 4 * 1024 * 1024,
             },
         )
 

@@ -178,6 +178,8 @@ class Composite(Accumulator):
         return [acc.zero() for _, acc in self.parts]
 
     def add(self, acc: list[Any], value: Any) -> list[Any]:
+        if len(acc) == 1:  # the common ``.count()``: no zip, no comprehension
+            return [self.parts[0][1].add(acc[0], value)]
         return [part.add(a, value) for (_, part), a in zip(self.parts, acc, strict=True)]
 
     def merge(self, a: list[Any], b: list[Any]) -> list[Any]:

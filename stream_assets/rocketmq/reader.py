@@ -57,7 +57,7 @@ class QueueReader:
     :meth:`RocketMQAdmin.commit_consumer_offset` when the work is durable.
     """
 
-    def __init__(self, admin: RocketMQAdmin, group: str, max_batch: int = 256) -> None:
+    def __init__(self, admin: RocketMQAdmin, group: str, max_batch: int = 1024) -> None:
         self.admin = admin
         self.group = group
         self.max_batch = max_batch

@@ -44,3 +44,28 @@ class SendReceipt:
     queue_id: int
     queue_offset: int
     msg_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message to send, and how its queue is chosen.
+
+    The queue is ``queue_id`` if given, else the stable hash of ``route_key``
+    (default: ``key``), else round-robin. ``route_key`` lets a message carry a
+    unique key (for de-duplication) while going to the queue of a result key,
+    so one queue holds all updates of that key in order.
+
+    Example::
+
+        >>> m = OutgoingMessage("counts", b"3", key="wc/apple/7", route_key="apple")
+        >>> m.queue_id is None and m.route_key
+        'apple'
+    """
+
+    topic: str
+    body: bytes
+    key: str | None = None
+    tags: str | None = None
+    properties: dict[str, str] | None = None
+    queue_id: int | None = None
+    route_key: str | None = None

@@ -10,13 +10,13 @@ import os
 import threading
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.rocketmq.producer import Producer
+from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.settings import RocketMQSettings
 
 _lock = threading.Lock()
 _admins: dict[tuple[int, str], RocketMQAdmin] = {}
-_producers: dict[tuple[int, str], Producer] = {}
+_producers: dict[tuple[int, str], BatchProducer] = {}
 _readers: dict[tuple[int, str, str], QueueReader] = {}
 
 
@@ -35,12 +35,12 @@ def admin_for(settings: RocketMQSettings) -> RocketMQAdmin:
         return _admins[key]
 
 
-def producer_for(settings: RocketMQSettings) -> Producer:
-    """This process's started producer for ``settings``."""
+def producer_for(settings: RocketMQSettings) -> BatchProducer:
+    """This process's started batching producer for ``settings``."""
     key = (os.getpid(), _ident(settings))
     with _lock:
         if key not in _producers:
-            _producers[key] = Producer(settings, RocketMQAdmin(settings)).start()
+            _producers[key] = BatchProducer(settings, RocketMQAdmin(settings)).start()
         return _producers[key]
 
 

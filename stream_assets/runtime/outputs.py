@@ -2,7 +2,10 @@
 
 Sinks are at-least-once: a batch replayed after a crash sends its outputs
 again. Every output message therefore has a deterministic key (job, origin or
-result key, position) so consumers can de-duplicate.
+result key, position) so consumers can de-duplicate. The sink queue is chosen
+by ``route_key``: the result key after an aggregate, so one queue holds every
+update of a key in order; the source queue before one, so a sink queue keeps
+each source queue's order.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class StageOutputs:
         self.sender = sender
         self.stats = stats
         self.origin = ""
+        #: What chooses the sink queue (by stable hash); None: the message key.
+        self.route_key: str | None = None
         self._seq = 0
         self._last_origin = ""
 
@@ -37,7 +42,7 @@ class StageOutputs:
         key = message_key(self.ctx.job_id, node.op_id, self.origin, str(self._seq))
         self._seq += 1
         if isinstance(node, n.Sink):
-            self.sender.send(node.topic, node.serializer(value), key=key)
+            self.sender.send(node.topic, node.serializer(value), key=key, route_key=self.route_key)
         elif isinstance(node, n.Print):
             print(value, file=sys.stdout, flush=False)
         self.stats.outputs += 1

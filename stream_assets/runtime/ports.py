@@ -3,18 +3,19 @@
 The core (:mod:`~stream_assets.runtime.stateless`, :mod:`~stream_assets.runtime.stateful`)
 reads records it is handed, writes through a :class:`Sender` and keeps state in
 a :class:`~stream_assets.state.store.QueueStateStore`. The Spark adapter
-(:mod:`~stream_assets.runtime.spark_task`) plugs in the real producer and the
-broker-backed reader; the public test driver (:mod:`stream_assets.testing`)
-plugs in in-memory topics.
+(:mod:`~stream_assets.runtime.spark_task`) plugs in a
+:class:`~stream_assets.runtime.send_buffer.SendBuffer` over the batching
+producer; the public test driver (:mod:`stream_assets.testing`) one over
+in-memory topics.
 
-Example: any object with ``send`` works::
+Example: any object with ``send`` and ``flush`` works::
 
-    >>> from stream_assets.rocketmq.records import SendReceipt
     >>> class Collect:
     ...     def __init__(self): self.sent = []
-    ...     def send(self, topic, body, *, key=None, queue_id=None, properties=None):
+    ...     def send(self, topic, body, *, key=None, queue_id=None, properties=None,
+    ...              route_key=None):
     ...         self.sent.append((topic, body))
-    ...         return SendReceipt(topic, queue_id or 0, len(self.sent) - 1, "")
+    ...     def flush(self): return []
     >>> isinstance(Collect(), Sender)
     True
 """
@@ -29,11 +30,12 @@ from stream_assets.rocketmq.records import SendReceipt
 
 @runtime_checkable
 class Sender(Protocol):
-    """Sends one message and says where it was stored (a producer, or a list in tests).
+    """Queues messages; :meth:`flush` makes every queued one durable.
 
-    ``queue_id`` pins the queue; without it ``key`` chooses the queue by its
-    stable hash. The receipt's offset is what the changelog's
-    compare-and-append checks.
+    ``queue_id`` pins the queue; without it ``route_key`` (default ``key``)
+    chooses the queue by its stable hash. Nothing is known to be stored until
+    :meth:`flush` returns: the core flushes outputs before it writes the
+    changelog, and the changelog checks the offsets in the receipts.
     """
 
     def send(
@@ -44,4 +46,7 @@ class Sender(Protocol):
         key: str | None = None,
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
-    ) -> SendReceipt: ...
+        route_key: str | None = None,
+    ) -> None: ...
+
+    def flush(self) -> list[SendReceipt]: ...

@@ -34,12 +34,13 @@ from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.runtime.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outage import ride_out_outage
+from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.stateful import check_owner, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.runtime.store_handles import HANDLES
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import ChangelogConflictError
 from stream_assets.state.restore import ensure_current
-from stream_assets.state.store import QueueStateStore
 
 _CONFLICT_ATTEMPTS = 3
 #: Spark's per-application directories under a configured local dir.
@@ -87,7 +88,8 @@ def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -
     """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
     settings = ctx.rocketmq
     records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
-    stats = run_source_batch(ctx.stage, queue_id, start, end, records, producer_for(settings))
+    sender = SendBuffer(producer_for(settings))
+    stats = run_source_batch(ctx.stage, queue_id, start, end, records, sender)
     stats.settings_digest = settings.digest()
     return stats
 
@@ -119,10 +121,8 @@ def _stateful_attempt(
     assert agg is not None and stage.stage.state_topic is not None
     settings = ctx.rocketmq
     admin = admin_for(settings)
-    producer = producer_for(settings)
-    store = QueueStateStore(ctx.state_root(), stage.job_id, agg.op_id, queue_id)
-    store.open()
-    try:
+    sender = SendBuffer(producer_for(settings))
+    with HANDLES.use(ctx.state_root(), stage.job_id, agg.op_id, queue_id) as store:
         began = time.monotonic()
         reader = reader_for(settings, ctx.group)
         # The queue from the context (no route lookup): one offset query when current.
@@ -131,7 +131,7 @@ def _stateful_attempt(
         check_owner(stage, store)  # before reading or sending anything
         currency_s = time.monotonic() - began
         records = reader.read(ctx.input_queue(queue_id), start, end)
-        stats = run_keyed_batch(stage, queue_id, end, records, store, producer, idle)
+        stats = run_keyed_batch(stage, queue_id, end, records, store, sender, idle)
         stats.currency_s = currency_s
         if restored is not None:
             stats.currency_s = max(0.0, currency_s - restored.seconds)
@@ -142,8 +142,6 @@ def _stateful_attempt(
                 stats.restores = 1
         stats.state_keys = store.estimated_key_count()
         stats.state_bytes = store.size_bytes()
-    finally:
-        store.close()
     stats.settings_digest = settings.digest()
     return stats
 

@@ -235,6 +235,9 @@ def run_keyed_batch(
             # Windows fired by idleness stay closed: later records for them are late.
             closed_floor = _max_opt(closed_floor, fired_end)
     _emit(ctx, sender, stats, agg, results, late)
+    # Outputs (and dead letters, late records) durable before the changelog
+    # says this batch happened: a restore never skips outputs that were lost.
+    sender.flush()
 
     meta.input_offset = end
     meta.watermark = tracker.to_dict()
@@ -389,6 +392,7 @@ def _emit(
     chain = OperatorChain(ctx.stage.ops, outputs.emit)
     for result_key, value in results:
         outputs.origin = result_key
+        outputs.route_key = _result_key(value["key"])
         try:
             chain.run(value, 0)
         except UserFunctionError as err:

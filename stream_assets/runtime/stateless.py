@@ -45,7 +45,11 @@ from stream_assets.serde.packing import PackingError
 # A combined message covers every offset of its batch: sub-index above any real one.
 _WHOLE_OFFSET = 2**31 - 1
 
-Partial = tuple[int, tuple[bytes, Any, Any], Any, Any, int]
+#: (key bytes, window start, window end): one pre-combined entry of a shuffle queue.
+EntryKey = tuple[bytes, Any, Any]
+#: One keyed element: (key, key bytes, shuffle queue, value, ts, packed record).
+Keyed = tuple[Any, bytes, int, Any, int, bytes]
+_NO_WINDOW: tuple[None] = (None,)
 
 
 def run_source_batch(
@@ -69,16 +73,18 @@ def run_source_batch(
         ctx.may_combine(queue_id, start) and stage.combine and agg is not None and not _merging(agg)
     )
     per_record: dict[int, list[tuple[bytes, int]]] = defaultdict(list)  # (packed, offset)
-    combined: dict[int, dict[tuple[bytes, Any, Any], list[Any]]] = defaultdict(dict)
+    combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
     combined_records: dict[int, int] = defaultdict(int)  # keyed records bound for each queue
     last_offset = start - 1
     progress: dict[int, int] = {}  # per shuffle queue: max event time sent this batch
     per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
+    router = _KeyRouter(ctx.shuffle_queues)
+    outputs.route_key = f"{stage.input_topic}/{queue_id}"
 
     for record in records:
         stats.records_in += 1
-        last_offset = record.queue_offset
-        outputs.origin = f"{record.topic}/{record.queue_id}/{record.queue_offset}"
+        offset = last_offset = record.queue_offset
+        outputs.origin = f"{record.topic}/{record.queue_id}/{offset}"
         try:
             value = stage.source.deserializer(record.body)
         except Exception as exc:
@@ -88,45 +94,27 @@ def run_source_batch(
             elements = chain.run(value, record.born_timestamp)
             if key_fn is None:
                 continue
-            keyed = []
+            keyed: list[Keyed] = []
             for sub, (v, ts) in enumerate(elements):
                 try:
                     key = key_fn(v)
-                    key_bytes = encode_key(key)
-                    packed = pack_record(key, v, ts, record.queue_offset, sub)
+                    key_bytes, target = router.route(key)
+                    packed = pack_record(key, v, ts, offset, sub)
                 except Exception as exc:
                     raise UserFunctionError(key_op, exc) from exc
-                keyed.append((key, key_bytes, v, ts, packed))
-            # Also without combining: an aggregate that cannot take a value fails
-            # here, where the dead letter still has the record's original bytes.
-            partials = _partials(agg, keyed, ctx.shuffle_queues) if agg is not None else []
+                keyed.append((key, key_bytes, target, v, ts, packed))
+            if agg is not None:
+                if combine and agg.window is not None:
+                    _check_progress(agg, keyed, progress, per_record_only)
+                # Also without combining: an aggregate that cannot take a value
+                # fails here, where the dead letter still has the original bytes.
+                _fold(agg, keyed, combined if combine else None)
         except UserFunctionError as err:
             dead_letter(ctx, sender, stats, record, err.op_id, err.cause)
             continue
-        for _key, key_bytes, _v, _ts, packed in keyed:
-            target = queue_for_key(key_bytes, ctx.shuffle_queues)
-            per_record[target].append((packed, record.queue_offset))
+        for _key, _kb, target, _v, _ts, packed in keyed:
+            per_record[target].append((packed, offset))
             combined_records[target] += 1
-        if combine:
-            assert agg is not None
-            for target, entry_key, _key, _acc, _ts in partials:
-                # A record whose window this batch's own earlier records (bound
-                # for the same queue) already closed is late by its origin's
-                # progress; only the per-record form lets stage 1 judge that.
-                end = entry_key[2]
-                if end is not None and end <= progress.get(target, end) - agg.allowed_lateness_ms:
-                    per_record_only.add(target)
-            for target, _entry_key, _key, _acc, ts in partials:
-                progress[target] = max(progress.get(target, ts), ts)
-            for target, entry_key, key, acc, ts in partials:
-                slot = combined[target].get(entry_key)
-                if slot is None:
-                    combined[target][entry_key] = [key, entry_key[1], entry_key[2], acc, ts, 1]
-                else:
-                    assert agg is not None
-                    slot[3] = agg.accumulator.merge(slot[3], acc)
-                    slot[4] = max(slot[4], ts)
-                    slot[5] += 1
 
     if stage.output_topic is not None:
         for target in sorted(set(per_record) | set(combined)):
@@ -151,6 +139,7 @@ def run_source_batch(
                 for chunk, last in _chunks(per_record[target]):
                     _send(ctx, sender, stats, target, records_body(queue_id, chunk), queue_id, last)
     outputs.flush()
+    sender.flush()  # everything durable before the driver commits the offsets
     return stats
 
 
@@ -158,26 +147,103 @@ def _merging(agg: n.Aggregate) -> bool:
     return bool(agg.window is not None and agg.window.is_merging)
 
 
-def _partials(
-    agg: n.Aggregate | None,
-    keyed: list[tuple[Any, bytes, Any, int, bytes]],
-    shuffle_queues: int,
-) -> list[Partial]:
-    """Per keyed element and window: (shuffle queue, (key bytes, window), key, acc, ts)."""
-    assert agg is not None
+class _KeyRouter:
+    """Key bytes and shuffle queue of a grouping key, remembered for string keys.
+
+    A micro-batch meets the same keys over and over (a vocabulary of words);
+    packing and hashing each occurrence was a third of stage 0's time. Only
+    ``str`` keys are remembered: for them equality implies the same packed
+    bytes, which is not true of e.g. ``1 == 1.0 == True``.
+    """
+
+    _LIMIT = 1 << 17
+
+    def __init__(self, shuffle_queues: int) -> None:
+        self.shuffle_queues = shuffle_queues
+        self._known: dict[str, tuple[bytes, int]] = {}
+
+    def route(self, key: Any) -> tuple[bytes, int]:
+        if type(key) is str:
+            hit = self._known.get(key)
+            if hit is not None:
+                return hit
+        key_bytes = encode_key(key)
+        routed = (key_bytes, queue_for_key(key_bytes, self.shuffle_queues))
+        if type(key) is str:
+            if len(self._known) >= self._LIMIT:
+                self._known.clear()
+            self._known[key] = routed
+        return routed
+
+
+def _check_progress(
+    agg: n.Aggregate, keyed: list[Keyed], progress: dict[int, int], per_record_only: set[int]
+) -> None:
+    """Mark shuffle queues that must go per record, then advance their progress.
+
+    A record whose window this batch's own earlier records (bound for the same
+    queue) already closed is late by its origin's progress; only the
+    per-record form lets stage 1 judge that exactly as without combining.
+    """
+    assert agg.window is not None
+    for _key, _kb, target, _v, ts, _packed in keyed:
+        for w in agg.window.assign(ts):
+            if w.end <= progress.get(target, w.end) - agg.allowed_lateness_ms:
+                per_record_only.add(target)
+    for _key, _kb, target, _v, ts, _packed in keyed:
+        progress[target] = max(progress.get(target, ts), ts)
+
+
+def _fold(
+    agg: n.Aggregate,
+    keyed: list[Keyed],
+    combined: dict[int, dict[EntryKey, list[Any]]] | None,
+) -> None:
+    """Fold one record's keyed elements into the batch's partials, all or nothing.
+
+    A slot is ``[key, wstart, wend, acc, max_ts, n]``. Slots are updated in
+    place with an undo log: if ``add`` fails on a later element, the record
+    goes to the dead letters whole and the partials are as before it.
+    ``combined`` None (no pre-combine): ``add`` still runs, on fresh
+    accumulators, so a value the aggregate cannot take fails here too.
+    ``add(acc, v)`` equals ``merge(acc, add(zero, v))`` for the decomposable
+    built-ins, the only ones combined.
+    """
     acc_def = agg.accumulator
-    out: list[Partial] = []
-    for key, key_bytes, value, ts, _packed in keyed:
-        try:
-            acc = acc_def.add(acc_def.zero(), value)
-        except Exception as exc:
-            raise UserFunctionError(agg.op_id, exc) from exc
-        target = queue_for_key(key_bytes, shuffle_queues)
-        windows = agg.window.assign(ts) if agg.window is not None else [None]
-        for w in windows:
-            bounds = (w.start, w.end) if w is not None else (None, None)
-            out.append((target, (key_bytes, *bounds), key, acc, ts))
-    return out
+    window = agg.window
+    undo: list[tuple[dict[EntryKey, list[Any]], EntryKey, list[Any] | None]] = []
+    try:
+        for key, key_bytes, target, value, ts, _packed in keyed:
+            if combined is None:
+                acc_def.add(acc_def.zero(), value)
+                continue
+            slots = combined[target]
+            for w in window.assign(ts) if window is not None else _NO_WINDOW:
+                entry_key = (key_bytes, None, None) if w is None else (key_bytes, w.start, w.end)
+                slot = slots.get(entry_key)
+                if slot is None:
+                    slot = slots[entry_key] = [
+                        key,
+                        entry_key[1],
+                        entry_key[2],
+                        acc_def.zero(),
+                        ts,
+                        0,
+                    ]
+                    undo.append((slots, entry_key, None))
+                else:
+                    undo.append((slots, entry_key, slot.copy()))
+                slot[3] = acc_def.add(slot[3], value)
+                if ts > slot[4]:
+                    slot[4] = ts
+                slot[5] += 1
+    except Exception as exc:
+        for slots, entry_key, before in reversed(undo):
+            if before is None:
+                del slots[entry_key]
+            else:
+                slots[entry_key] = before
+        raise UserFunctionError(agg.op_id, exc) from exc
 
 
 def _chunks(recs: list[tuple[bytes, int]]) -> list[tuple[list[bytes], int]]:

@@ -48,11 +48,21 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 
 class MessageSender(Protocol):
-    """What the writer needs of a producer (:class:`~stream_assets.rocketmq.producer.Producer`)."""
+    """What the writer needs of a sender (:class:`~stream_assets.runtime.ports.Sender`).
+
+    ``send`` queues; ``flush`` stores everything queued and returns the
+    receipts in send order.
+    """
 
     def send(
         self, topic: str, body: bytes, *, key: str | None = ..., queue_id: int | None = ...
-    ) -> SendReceipt: ...
+    ) -> None: ...
+
+    def flush(self) -> list[SendReceipt]: ...
+
+
+#: A snapshot is flushed every this many bytes, so it never sits whole in memory.
+_SNAPSHOT_FLUSH_BYTES = 16 * 1024 * 1024
 
 
 class ChangelogWriter:
@@ -84,23 +94,31 @@ class ChangelogWriter:
         self.max_body = max_body
         self.chunk_bytes = chunk_bytes
 
-    def _send(self, body: bytes, key: str, at: int) -> int:
-        """Send ``body``, which must land at offset ``at``; returns the next offset."""
-        receipt = self.sender.send(self.state_topic, body, key=key, queue_id=self.queue_id)
-        if receipt.queue_id != self.queue_id:
-            raise StateError(
-                f"state record for queue {self.queue_id} landed in {self.state_topic}"
-                f"[{receipt.queue_id}]; the state topic must have as many queues as the "
-                "stateful stage"
-            )
-        if receipt.queue_offset != at:
-            raise ChangelogConflictError(
-                f"{self.state_topic}[{self.queue_id}]: a state record meant for offset {at} "
-                f"landed at {receipt.queue_offset}: another writer appended first (or a send "
-                "was retried). The record is void and nothing was committed; the batch fails "
-                "and its retry restores from the state topic"
-            )
-        return at + 1
+    def _append(self, bodies: list[bytes], key: str, at: int) -> int:
+        """Store ``bodies``, which must land at offsets ``at``, ``at + 1``, ...; the end.
+
+        One flush: the records go out batched and pipelined, and the receipts
+        prove where each one landed. The caller has flushed everything else it
+        queued, so the last ``len(bodies)`` receipts are these.
+        """
+        for body in bodies:
+            self.sender.send(self.state_topic, body, key=key, queue_id=self.queue_id)
+        receipts = self.sender.flush()[-len(bodies) :] if bodies else []
+        for expected, receipt in enumerate(receipts, start=at):
+            if receipt.queue_id != self.queue_id:
+                raise StateError(
+                    f"state record for queue {self.queue_id} landed in {self.state_topic}"
+                    f"[{receipt.queue_id}]; the state topic must have as many queues as the "
+                    "stateful stage"
+                )
+            if receipt.queue_offset != expected:
+                raise ChangelogConflictError(
+                    f"{self.state_topic}[{self.queue_id}]: a state record meant for offset "
+                    f"{expected} landed at {receipt.queue_offset}: another writer appended "
+                    "first (or a send was retried). The record is void and nothing was "
+                    "committed; the batch fails and its retry restores from the state topic"
+                )
+        return at + len(bodies)
 
     def write_delta(self, changes: Mapping[bytes, bytes | None], meta: StateMeta, at: int) -> int:
         """Send the delta of commit ``meta.seq`` starting at offset ``at``; returns the end."""
@@ -109,10 +127,7 @@ class ChangelogWriter:
         bodies = encode_delta(
             meta.seq, write_id, meta.snapshot_offset, changes, meta, self.max_body, at=at
         )
-        key = f"q{self.queue_id}-s{meta.seq}"
-        for body in bodies:
-            at = self._send(body, key, at)
-        return at
+        return self._append(list(bodies), f"q{self.queue_id}-s{meta.seq}", at)
 
     def snapshot_due(self, seq: int) -> bool:
         """Whether commit ``seq`` is followed by a full snapshot."""
@@ -130,27 +145,37 @@ class ChangelogWriter:
         prev = meta.snapshot_offset
         key = f"q{self.queue_id}-s{meta.seq}-snap"
         begin = at
-        at = self._send(encode_snap_begin(meta.seq, write_id, prev, meta, at=at), key, at)
+        pending = [encode_snap_begin(meta.seq, write_id, prev, meta, at=at)]
+        pending_bytes = 0
         packer = StreamPacker()
         buffer = bytearray()
         chunks = keys = 0
 
-        def flush(limit: int) -> None:
-            nonlocal chunks, at
+        def cut(limit: int) -> None:
+            nonlocal chunks, pending, pending_bytes, at
             while len(buffer) >= limit and buffer:
                 data = bytes(buffer[: self.chunk_bytes])
                 del buffer[: self.chunk_bytes]
-                body = encode_snap_chunk(meta.seq, write_id, prev, chunks, begin, data, at=at)
-                at = self._send(body, key, at)
+                position = at + len(pending)
+                pending.append(
+                    encode_snap_chunk(meta.seq, write_id, prev, chunks, begin, data, at=position)
+                )
+                pending_bytes += len(data)
                 chunks += 1
+            if pending_bytes >= _SNAPSHOT_FLUSH_BYTES:
+                at = self._append(pending, key, at)
+                pending, pending_bytes = [], 0
 
         for k, v in store.items():
             buffer += packer.pack(k)
             buffer += packer.pack(v)
             keys += 1
-            flush(self.chunk_bytes)
-        flush(1)
-        at = self._send(encode_snap_end(meta.seq, write_id, begin, chunks, keys, at=at), key, at)
+            cut(self.chunk_bytes)
+        cut(1)
+        pending.append(
+            encode_snap_end(meta.seq, write_id, begin, chunks, keys, at=at + len(pending))
+        )
+        at = self._append(pending, key, at)
         return begin, at
 
 

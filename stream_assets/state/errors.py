@@ -30,3 +30,7 @@ class ChangelogConflictError(StateError):
 
 class FencedError(StateError):
     """A writer of an older allocation generation found a newer owner in the state topic."""
+
+
+class StateLockedError(StateError):
+    """Another process holds a store's RocksDB lock and did not release it in time."""

@@ -6,9 +6,13 @@ A commit is one WriteBatch holding every value change *and* the new meta
 (sequence number, applied offsets, watermark): after a crash the store is
 either before or after the whole batch, so replaying the batch is idempotent.
 
-RocksDB locks a database to one process, so the engine opens a store per task
-and closes it afterwards; opening is a plain RocksDB open (no scans).
-:meth:`key_count` scans; per-batch statistics use :meth:`estimated_key_count`.
+RocksDB locks a database to one process. A Spark Python worker keeps the
+stores of its queues open between batches (:mod:`stream_assets.runtime.store_handles`);
+when another process needs one (another Python worker of the same executor,
+a restore, a state query), :meth:`QueueStateStore.open` asks the holder to let
+go by leaving a release request beside the database, and waits for the lock.
+:meth:`key_count` scans; per-batch statistics use :meth:`estimated_key_count`
+and :meth:`size_bytes` (RocksDB's own figures, no scan).
 
 Example::
 
@@ -25,17 +29,28 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import cast
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from stream_assets.state.errors import StateError, StateSequenceError
+from stream_assets.state.errors import StateError, StateLockedError, StateSequenceError
 from stream_assets.state.meta import StateMeta
 
 _USER = b"u:"
 _META_KEY = b"m:meta"
+#: How long an open waits for another process to release the database.
+DEFAULT_LOCK_WAIT_S = 60.0
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _upper_bound(prefix: bytes) -> bytes:
@@ -74,12 +89,27 @@ class QueueStateStore:
         self.path = Path(root) / job_id / operator_id / f"queue-{queue_id}"
         self._sync = sync
         self._db: Rdict | None = None
+        self._lock_inode: tuple[int, int] | None = None
         self._meta = StateMeta()
 
     # -- lifecycle ---------------------------------------------------------
 
-    def open(self) -> QueueStateStore:
-        """Open (creating if missing) the database and load its meta."""
+    @property
+    def release_request(self) -> Path:
+        """The file another process leaves to ask this store's holder to close it.
+
+        Beside the database directory, not in it: a wipe must not remove it.
+        """
+        return self.path.with_name(self.path.name + ".release")
+
+    def open(self, wait_s: float = DEFAULT_LOCK_WAIT_S) -> QueueStateStore:
+        """Open (creating if missing) the database and load its meta.
+
+        If another process holds the database, leave a release request and
+        retry until ``wait_s``; then raise :class:`StateLockedError`.
+        ``wait_s=0`` raises at once and asks nothing of the holder (for a
+        look that must not disturb a running instance).
+        """
         if self._db is not None:
             return self
         self.path.mkdir(parents=True, exist_ok=True)
@@ -87,7 +117,30 @@ class QueueStateStore:
         options.create_if_missing(True)
         # Thousands of small per-queue stores would otherwise keep 1000 info logs each.
         options.set_keep_log_file_num(2)
-        self._db = Rdict(str(self.path), options=options)
+        deadline = time.monotonic() + wait_s
+        pause = 0.005
+        while True:
+            try:
+                self._db = Rdict(str(self.path), options=options)
+                break
+            except Exception as exc:  # rocksdict raises a bare Exception
+                if "lock" not in str(exc).lower():
+                    raise
+                if wait_s <= 0:
+                    raise StateLockedError(
+                        f"state store {self.path} is open in another process"
+                    ) from exc
+                if time.monotonic() >= deadline:
+                    raise StateLockedError(
+                        f"state store {self.path} is held by another process and was not "
+                        f"released within {wait_s:.0f}s; stop whatever still runs this queue "
+                        "(another instance or a stuck Spark worker) and retry"
+                    ) from exc
+                self.release_request.touch()
+                time.sleep(pause)  # polling a file lock: there is no event to await
+                pause = min(pause * 2, 0.1)
+        self.release_request.unlink(missing_ok=True)
+        self._lock_inode = _inode(self.path / "LOCK")
         raw = self._db.get(_META_KEY)
         self._meta = StateMeta() if raw is None else StateMeta.decode(raw)
         return self
@@ -102,6 +155,15 @@ class QueueStateStore:
     def is_open(self) -> bool:
         """Whether the database is open."""
         return self._db is not None
+
+    def still_on_disk(self) -> bool:
+        """Whether the open database's directory is still the one it opened.
+
+        False once the directory was deleted (or deleted and created anew) under
+        the open handle, e.g. state wiped while a worker kept the store open. The
+        handle holds the LOCK file open, so its inode cannot be reused meanwhile.
+        """
+        return self._db is not None and _inode(self.path / "LOCK") == self._lock_inode
 
     def __enter__(self) -> QueueStateStore:
         return self.open()
@@ -158,7 +220,13 @@ class QueueStateStore:
         return self._meta.seq == 0 and next(self.items(), None) is None
 
     def size_bytes(self) -> int:
-        """Approximate on-disk size: every file in the database directory."""
+        """Approximate size: RocksDB's live SST files plus memtables when open (no
+        directory walk per batch), else every file in the database directory."""
+        if self._db is not None:
+            return sum(
+                int(self._db.property_int_value(name) or 0)
+                for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables")
+            )
         total = 0
         for dirpath, _dirs, files in os.walk(self.path):
             for name in files:

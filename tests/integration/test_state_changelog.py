@@ -53,13 +53,14 @@ from stream_assets.state.records import (
     encode_snap_chunk,
     is_void,
 )
+from tests.immediate import ImmediateSender
 
 pytestmark = pytest.mark.integration
 
 QUEUE = 2
 
 
-class VisibleSendProducer:
+class VisibleSendProducer(ImmediateSender):
     """The producer, each send returning once the broker's offset queries show the record.
 
     RocketMQ acknowledges a send once it is in the commit log and indexes it
@@ -74,7 +75,7 @@ class VisibleSendProducer:
         self.admin = admin
         self._queues: dict[tuple[str, int], MessageQueue] = {}
 
-    def send(
+    def send_now(
         self, topic: str, body: bytes, *, key: str | None = None, queue_id: int | None = None
     ) -> SendReceipt:
         receipt = self.producer.send(topic, body, key=key, queue_id=queue_id)
@@ -411,33 +412,33 @@ def test_local_is_current_until_another_instance_commits(
         assert_matches(mine, ref)
 
 
-class FailingSender:
+class FailingSender(ImmediateSender):
     """A producer that dies after ``budget`` more sends (a crash mid-commit)."""
 
     def __init__(self, producer: VisibleSendProducer, budget: int) -> None:
         self.producer = producer
         self.budget = budget
 
-    def send(
+    def send_now(
         self, topic: str, body: bytes, *, key: str | None = None, queue_id: int | None = None
     ) -> SendReceipt:
         if self.budget <= 0:
             raise ConnectionError("instance killed")
         self.budget -= 1
-        return self.producer.send(topic, body, key=key, queue_id=queue_id)
+        return self.producer.send_now(topic, body, key=key, queue_id=queue_id)
 
 
-class DuplicatingSender:
+class DuplicatingSender(ImmediateSender):
     """A producer whose sends are stored twice (a retry after a lost ack); first receipt wins."""
 
     def __init__(self, producer: VisibleSendProducer) -> None:
         self.producer = producer
 
-    def send(
+    def send_now(
         self, topic: str, body: bytes, *, key: str | None = None, queue_id: int | None = None
     ) -> SendReceipt:
-        receipt = self.producer.send(topic, body, key=key, queue_id=queue_id)
-        self.producer.send(topic, body, key=key, queue_id=queue_id)
+        receipt = self.producer.send_now(topic, body, key=key, queue_id=queue_id)
+        self.producer.send_now(topic, body, key=key, queue_id=queue_id)
         return receipt
 
 
@@ -566,7 +567,7 @@ def test_records_without_at_still_restore_and_the_last_write_of_a_seq_wins(
     for seq, changes in ((1, first), (2, retried_1), (2, retried_2)):
         meta = StateMeta(seq=seq, input_offset=seq * 10, extra={"attempt": str(changes)})
         for body in encode_delta(seq, uuid.uuid4().bytes[:8], None, changes, meta):
-            producer.send(topic, body, queue_id=QUEUE)
+            producer.send_now(topic, body, queue_id=QUEUE)
     ref.apply(first)
     ref.apply(retried_2)  # of two complete writes of seq 2 the last one is what was committed
     ref.input_offset = 20
@@ -610,12 +611,12 @@ def test_a_snapshot_named_but_incomplete_falls_back_to_the_one_before(
         meta = store.meta
         end = meta.log_end
         assert end is not None
-        begin = producer.send(
+        begin = producer.send_now(
             topic, encode_snap_begin(meta.seq, b"broken", complete, meta, at=end), queue_id=QUEUE
         ).queue_offset
         assert begin == end
         body = encode_snap_chunk(meta.seq, b"broken", complete, 0, begin, b"\xc4\x01k", at=end + 1)
-        assert producer.send(topic, body, queue_id=QUEUE).queue_offset == end + 1
+        assert producer.send_now(topic, body, queue_id=QUEUE).queue_offset == end + 1
         store.update_meta(replace(meta, snapshot_offset=begin, log_end=end + 2))
         assert local_is_current(store, topic, QUEUE, admin)
         drive(store, writer, ref, rng, 2)

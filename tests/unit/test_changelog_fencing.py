@@ -44,6 +44,7 @@ from stream_assets.state.records import (
     encode_delta,
     is_void,
 )
+from tests.immediate import ImmediateSender
 
 TOPIC = "job-state"
 QUEUE = 2
@@ -112,7 +113,7 @@ class MemoryTopic:
         return cast(QueueReader, self)
 
 
-class MemorySender:
+class MemorySender(ImmediateSender):
     """Appends to a :class:`MemoryTopic`; ``before[n]`` runs just before the nth send (1-based)."""
 
     def __init__(
@@ -123,7 +124,7 @@ class MemorySender:
         self.sends = 0
         self.kinds: list[type] = []
 
-    def send(
+    def send_now(
         self, topic: str, body: bytes, *, key: str | None = None, queue_id: int | None = None
     ) -> SendReceipt:
         assert topic == TOPIC and queue_id is not None
@@ -363,7 +364,8 @@ def test_split_delta_conflict_on_a_later_part(tmp_path: Path, foreign_before_par
     writer = ChangelogWriter(sender, TOPIC, QUEUE, max_body=2048, chunk_bytes=512)
     with pytest.raises(ChangelogConflictError):
         commit(a, writer, changes)
-    assert sender.sends == part + 1  # nothing sent after the conflict
+    # A's parts go out in one flush, so its parts after the race are sent too (void).
+    assert sender.sends == parts
     assert snapshot_of(a) == before
     assert reopened(a) == before
     records = topic.records()
@@ -371,11 +373,11 @@ def test_split_delta_conflict_on_a_later_part(tmp_path: Path, foreign_before_par
     assert [(o, r.part, r.parts, is_void(r, o)) for o, r in records[x : x + part]] == [
         (x + i, i, parts, False) for i in range(part)
     ]
-    # ... then B's delta, then A's losing part, void.
+    # ... then B's delta, then A's losing part and every part after it, all void.
     b_delta = records[x + part][1]
     assert isinstance(b_delta, Delta) and b_delta.seq == 4 and b_delta.at == x + part
-    assert topic.void_offsets() == [x + part + 1]
-    assert topic.end() == x + part + 2
+    assert topic.void_offsets() == list(range(x + part + 1, x + parts + 1))
+    assert topic.end() == x + parts + 1
     values, meta = restored(tmp_path / "fresh", topic)
     assert values == theirs.values
     assert not set(changes) & set(values)
@@ -404,7 +406,8 @@ def test_a_retried_send_stored_twice_voids_the_duplicate(tmp_path: Path) -> None
         with pytest.raises(ChangelogConflictError):
             commit(a, split, {b"big": rng.randbytes(5_000)})
         assert snapshot_of(a) == before
-        assert topic.void_offsets() == [x + 1, x + 2]
+        # The copy, and every later part of the same flush: each is one off its offset.
+        assert topic.void_offsets() == list(range(x + 1, topic.end()))
         values, meta = restored(tmp_path / "fresh", topic)
         assert values == ref.values and b"big" not in values
         assert meta.seq == before[1].seq
@@ -464,8 +467,11 @@ def test_snapshot_conflict_keeps_the_previous_snapshot(tmp_path: Path, loser: st
     assert a.meta.snapshot_offset == complete
     assert a.meta.log_end == x + 1
     assert not local_is_current(a, TOPIC, QUEUE, topic.admin)
-    assert topic.void_offsets() == [topic.end() - 1]
-    assert topic.records()[-1][1].at == topic.end() - 2
+    # B's delta landed where A's losing record meant to; from there on, every
+    # record of A's snapshot (sent in the same flush) is void.
+    b_at = next(o for o, r in topic.records() if isinstance(r, Delta) and r.seq == 7)
+    assert topic.void_offsets() == list(range(b_at + 1, topic.end()))
+    assert topic.records()[b_at + 1][1].at == b_at
     # The only snap-end in the queue is the complete one's.
     ends = [r for _, r in topic.valid() if isinstance(r, SnapEnd)]
     assert [e.begin for e in ends] == [complete]

@@ -26,7 +26,7 @@ from stream_assets.state import (
     StateSequenceError,
     commit_with_changelog,
 )
-from stream_assets.state.errors import StateError
+from stream_assets.state.errors import StateError, StateLockedError
 from stream_assets.state.records import (
     Delta,
     SnapBegin,
@@ -36,6 +36,7 @@ from stream_assets.state.records import (
     encode_delta,
     join_delta_parts,
 )
+from tests.immediate import ImmediateSender
 
 
 def _store(root: Path, queue_id: int = 2) -> QueueStateStore:
@@ -155,8 +156,8 @@ def test_closed_store_refuses_use_and_close_is_idempotent(tmp_path: Path) -> Non
 
 def test_one_process_at_a_time(tmp_path: Path) -> None:
     # RocksDB's lock: a second open of the same store fails until the first closes.
-    with _store(tmp_path), pytest.raises(Exception, match=r"(?i)lock"):
-        _store(tmp_path).open()
+    with _store(tmp_path), pytest.raises(StateLockedError, match="another process"):
+        _store(tmp_path).open(wait_s=0)
     with _store(tmp_path) as store:
         assert store.is_open
 
@@ -200,7 +201,7 @@ def test_kill_9_mid_commits_leaves_values_and_meta_consistent(tmp_path: Path) ->
 # -- changelog rules that need no broker -------------------------------------------------
 
 
-class RecordingSender:
+class RecordingSender(ImmediateSender):
     """Stands in for the producer: stores bodies per queue, can fail on the nth send."""
 
     def __init__(self, store: QueueStateStore | None = None, fail_at: int | None = None) -> None:
@@ -209,7 +210,7 @@ class RecordingSender:
         self.store = store
         self.fail_at = fail_at
 
-    def send(
+    def send_now(
         self, topic: str, body: bytes, *, key: str | None = None, queue_id: int | None = None
     ) -> SendReceipt:
         if self.fail_at is not None and len(self.bodies) == self.fail_at:

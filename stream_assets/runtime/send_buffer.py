@@ -1,0 +1,70 @@
+"""Collects a task's sends and makes them durable together, at the points that matter.
+
+The core calls ``send`` as results appear and ``flush`` where order matters:
+sink outputs and dead letters are flushed before the changelog is written,
+the changelog before the local commit, and everything before a task reports
+its offsets. Between flushes nothing waits for the broker; a flush hands the
+lot to a transport that batches and pipelines it
+(:class:`~stream_assets.rocketmq.batch_producer.BatchProducer`, or the
+in-memory broker of :mod:`stream_assets.testing`).
+
+Example::
+
+    >>> from stream_assets.rocketmq.records import SendReceipt
+    >>> class Log:
+    ...     def send_all(self, messages):
+    ...         return [SendReceipt(m.topic, 0, i, "") for i, m in enumerate(messages)]
+    >>> buffer = SendBuffer(Log())
+    >>> buffer.send("out", b"a"); buffer.send("out", b"b", key="k")
+    >>> [r.queue_offset for r in buffer.flush()], buffer.flush()
+    ([0, 1], [])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
+
+
+class Transport(Protocol):
+    """Sends many messages at once; one receipt per message, in order."""
+
+    def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]: ...
+
+
+class SendBuffer:
+    """A :class:`~stream_assets.runtime.ports.Sender` that sends on :meth:`flush`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self._pending: list[OutgoingMessage] = []
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        key: str | None = None,
+        queue_id: int | None = None,
+        properties: Mapping[str, str] | None = None,
+        route_key: str | None = None,
+    ) -> None:
+        """Queue one message (see :class:`OutgoingMessage` for how its queue is chosen)."""
+        props = dict(properties) if properties is not None else None
+        self._pending.append(OutgoingMessage(topic, body, key, None, props, queue_id, route_key))
+
+    def flush(self) -> list[SendReceipt]:
+        """Send everything queued; returns once it is stored (receipts in send order).
+
+        Raises whatever the transport raises; the messages of a failed flush
+        are dropped from the buffer (the task fails, and its retry sends anew).
+        """
+        pending, self._pending = self._pending, []
+        return self.transport.send_all(pending) if pending else []
+
+    @property
+    def pending(self) -> int:
+        """Messages queued since the last flush."""
+        return len(self._pending)
