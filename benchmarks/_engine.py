@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
+#: Seconds between two sends of a paced producer.
+PACE_TICK_S = 0.02
+#: Messages per ``send_all`` of an unpaced live producer.
+LIVE_CHUNK = 500
+
 
 @dataclass(frozen=True)
 class EngineRun:
-    """One timed run of an instance over pre-produced input."""
+    """One timed run of an instance: from its start (or the first send) to the last batch."""
 
     records: int
     seconds: float
     totals: dict[int, dict[str, float]]
+    batches: dict[int, int] = field(default_factory=dict)
+    max_batch_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def records_per_s(self) -> float:
@@ -32,15 +41,45 @@ class EngineRun:
         return self.records / self.seconds
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What :func:`produce_paced` sent: per body (by index), where and when."""
+
+    #: (queue id, queue offset) of each body.
+    positions: list[tuple[int, int]]
+    #: Wall-clock ms just before the ``send_all`` that carried each body.
+    born_ms: list[int]
+    seconds: float
+
+    @property
+    def msgs_per_s(self) -> float:
+        """Achieved send rate."""
+        return len(self.positions) / self.seconds
+
+    def born_at(self) -> dict[tuple[int, int], int]:
+        """Born ms by (queue id, queue offset)."""
+        return dict(zip(self.positions, self.born_ms, strict=True))
+
+
 def unique(prefix: str) -> str:
     """A fresh job/topic name."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def create_topic(settings: RocketMQSettings, topic: str, queues: int) -> None:
+    """Create ``topic`` with ``queues`` queues."""
+    with RocketMQAdmin(settings) as admin:
+        admin.create_topic(topic, queues)
+
+
 def produce(
     settings: RocketMQSettings, topic: str, bodies: Sequence[bytes], threads: int = 4
 ) -> float:
-    """Send ``bodies`` (keyed by index) with one producer per thread; returns msg/s."""
+    """Send ``bodies`` (keyed by index) with one C++-client producer per thread; msg/s.
+
+    One synchronous send at a time per thread: slow, kept for comparison
+    (``limits.py``) and tiny inputs. Pre-produce with ``limits.produce_batched``.
+    """
 
     def send(part: int) -> None:
         with Producer(settings) as producer:
@@ -53,50 +92,112 @@ def produce(
     return len(bodies) / (time.perf_counter() - start)
 
 
+def produce_paced(
+    settings: RocketMQSettings,
+    topic: str,
+    bodies: Sequence[bytes],
+    msgs_per_s: float | None,
+    chunk: int = LIVE_CHUNK,
+) -> Sent:
+    """Send ``bodies`` (keyed by index) with a :class:`BatchProducer`, at a steady pace.
+
+    ``msgs_per_s``: every :data:`PACE_TICK_S`, one ``send_all`` of the messages
+    due by then; None: back-to-back ``send_all`` calls of ``chunk`` messages.
+    """
+    n = len(bodies)
+    positions: list[tuple[int, int]] = []
+    born: list[int] = []
+    with BatchProducer(settings) as producer:
+        start = time.perf_counter()
+        sent = 0
+        while sent < n:
+            if msgs_per_s is None:
+                due = min(n, sent + chunk)
+            else:
+                due = min(n, int((time.perf_counter() - start) * msgs_per_s) + 1)
+                if due <= sent:
+                    time.sleep(PACE_TICK_S)
+                    continue
+            born_ms = int(time.time() * 1000)
+            receipts = producer.send_all(
+                [OutgoingMessage(topic, bodies[i], key=str(i)) for i in range(sent, due)]
+            )
+            if len(receipts) != due - sent:
+                raise RuntimeError(f"{len(receipts)} receipts for {due - sent} messages")
+            positions.extend((r.queue_id, r.queue_offset) for r in receipts)
+            born.extend([born_ms] * len(receipts))
+            sent = due
+        seconds = time.perf_counter() - start
+    return Sent(positions, born, seconds)
+
+
 def warm_spark(
     settings: RocketMQSettings, engine: EngineSettings, build: Callable[..., Topology]
 ) -> None:
     """Start (and keep) the SparkSession and Python workers on a tiny job, untimed."""
     job = unique("bench-warmup")
     src, out = f"{job}-in", f"{job}-out"
-    with RocketMQAdmin(settings) as admin:
-        admin.create_topic(src, 4)
+    create_topic(settings, src, 4)
     produce(settings, src, [b"warm up the workers"] * 40, threads=1)
-    instance = Instance(build(job, src, out), rocketmq=settings, engine=engine)
+    instance = Instance(build(job, src, out), rocketmq=settings, engine=engine, progress=_quiet)
     instance.start()
     instance.await_caught_up(300)
     instance.stop()
 
 
+def _quiet(message: str) -> None:
+    """Progress sink of benchmark instances: drop the start/stop chatter."""
+
+
+def _finish(instance: Instance, start_wall: float, records: int) -> EngineRun:
+    """Stop a caught-up ``instance``; its run ends at its last batch (not the lag poll)."""
+    end_wall = max(m.last_batch_at for m in instance.metrics.values())
+    instance.stop()
+    metrics = instance.metrics
+    return EngineRun(
+        records,
+        end_wall - start_wall,
+        {i: dict(m.totals) for i, m in metrics.items()},
+        {i: m.batches for i, m in metrics.items()},
+        {i: m.max_batch_s for i, m in metrics.items()},
+    )
+
+
 def run_instance(
     topology: Topology, settings: RocketMQSettings, engine: EngineSettings, records: int
 ) -> EngineRun:
-    """Run an instance over input already in its source topic, until all is committed."""
-    instance = Instance(topology, rocketmq=settings, engine=engine)
-    start = time.perf_counter()
+    """Run an instance over input already in its source topic, until all is committed.
+
+    Timed from before :meth:`Instance.start` to the end of its last batch.
+    """
+    instance = Instance(topology, rocketmq=settings, engine=engine, progress=_quiet)
+    start_wall = time.time()
     instance.start()
     instance.await_caught_up(1800, poll_s=0.2)
-    seconds = time.perf_counter() - start
-    instance.stop()
-    totals = {i: dict(m.totals) for i, m in instance.metrics.items()}
-    return EngineRun(records, seconds, totals)
+    return _finish(instance, start_wall, records)
 
 
 def run_live(
-    topology: Topology, settings: RocketMQSettings, engine: EngineSettings, bodies: Sequence[bytes]
-) -> tuple[list[Record], list[Record]]:
-    """Produce ``bodies`` one by one while an instance runs; (source, first sink) records.
+    topology: Topology,
+    settings: RocketMQSettings,
+    engine: EngineSettings,
+    bodies: Sequence[bytes],
+    records: int,
+    queues: int,
+    msgs_per_s: float | None = None,
+) -> tuple[EngineRun, Sent]:
+    """Create the source, start an instance, then send ``bodies`` while it runs.
 
-    For latency: each output's store time against its input's born time.
+    ``msgs_per_s`` paces the sends (None: as fast as the producer goes). Timed
+    from the first send to the end of the batch that committed the last input.
     """
-    with RocketMQAdmin(settings) as admin:
-        admin.create_topic(topology.source_topic, 4)
-    instance = Instance(topology, rocketmq=settings, engine=engine)
+    create_topic(settings, topology.source_topic, queues)
+    instance = Instance(topology, rocketmq=settings, engine=engine, progress=_quiet)
     instance.start()
-    produce(settings, topology.source_topic, bodies, threads=1)
-    instance.await_caught_up(600, poll_s=0.2)
-    instance.stop()
-    return read_all(settings, topology.source_topic), read_all(settings, topology.sink_topics[0])
+    start_wall = time.time()
+    sent = produce_paced(settings, topology.source_topic, bodies, msgs_per_s)
+    instance.await_caught_up(1800, poll_s=0.2)
+    return _finish(instance, start_wall, records), sent
 
 
 def read_all(settings: RocketMQSettings, topic: str) -> list[Record]:
@@ -113,3 +214,42 @@ def percentiles(values: Sequence[float]) -> tuple[float, float]:
     """p50 and p99 of ``values``."""
     cuts = statistics.quantiles(values, n=100, method="inclusive")
     return cuts[49], cuts[98]
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--trigger-ms`` and ``--max-records-per-batch`` (default: EngineSettings, env included)."""
+    defaults = EngineSettings()
+    parser.add_argument(
+        "--trigger-ms",
+        type=int,
+        default=defaults.trigger_interval_ms,
+        help="trigger interval of every stage query (default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-records-per-batch",
+        type=int,
+        default=defaults.max_records_per_batch,
+        help="messages a stage reads per micro-batch at most (default %(default)s)",
+    )
+
+
+def engine_from(args: argparse.Namespace, **more: object) -> EngineSettings:
+    """EngineSettings with the knobs of :func:`add_engine_flags` (and ``more``) applied."""
+    update: dict[str, object] = {
+        "trigger_interval_ms": args.trigger_ms,
+        "max_records_per_batch": args.max_records_per_batch,
+        **more,
+    }
+    return EngineSettings().model_copy(update=update)
+
+
+def knobs(engine: EngineSettings) -> dict[str, object]:
+    """The engine settings a benchmark's figures depend on."""
+    return {
+        "spark_master": engine.spark_master,
+        "trigger_interval_ms": engine.trigger_interval_ms,
+        "max_records_per_batch": engine.max_records_per_batch,
+        "pre_combine": engine.pre_combine,
+        "shuffle_queues": engine.shuffle_queues,
+        "sink_queues": engine.sink_queues,
+    }

@@ -1,112 +1,241 @@
-"""WordCount throughput (with and without pre-shuffle combine) and latency.
+"""WordCount throughput (pre-produced and live) and latency, against raw read + count.
 
-Prints, against baselines measured in the same run (``broker_roundtrip``, and
-"raw read + count" from ``limits.py``: one plain Python process pulling the
-same input and counting with ``collections.Counter``):
+Input (``limits.wordcount_bodies``): ``--lines`` lines of 8 words from a
+2 000-word vocabulary, ``--lines-per-message`` lines a message, fresh topics of
+``--queues`` queues. Prints, measured in the same run:
 
-- throughput in input lines/s (input produced while the instance runs, several
-  lines a message), with pre-shuffle combine on and off, and the shuffle
-  traffic each caused;
-- end-to-end latency p50/p99: lines produced live carry a unique marker word;
-  latency = store time of that word's first count - born time of its line.
+- baseline "raw read + count" (``limits.consume``): one plain Python process
+  pulling the input topic through the project's queue reader and counting the
+  words with ``collections.Counter``, lines/s; measured on each input topic;
+- pre-produced: every line in the topic before the instance starts; lines/s
+  from ``Instance.start`` to the end of the batch that committed the last of
+  it, and its ratio to the baseline (target >= 25 %);
+- live: the same input sent (``BatchProducer.send_all``, back to back) while the
+  instance runs; lines/s from the first send to the last batch, and its ratio;
+- the shuffle traffic of each (messages, entries: lines' words or pre-combined
+  partials; pre-shuffle combine only applies to input newer than the instance's
+  start, so pre-produced input goes uncombined);
+- end-to-end latency p50/p99 at half the best of those two rates: messages sent
+  at that steady pace for ``--latency-seconds``, each with a unique marker word;
+  latency = store time of the marker's first count - send time of its message
+  (target p99 <= 1.5 s).
 
 Usage::
 
-    python benchmarks/wordcount.py --lines 50000 --live 1000
+    python benchmarks/wordcount.py [--lines 200000] [--trigger-ms 500] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._engine import percentiles, produce, run_live, unique, warm_spark
-from benchmarks.broker_roundtrip import measure
-from benchmarks.limits import consume
+from benchmarks._engine import (
+    EngineRun,
+    add_engine_flags,
+    create_topic,
+    engine_from,
+    knobs,
+    percentiles,
+    read_all,
+    run_instance,
+    run_live,
+    unique,
+    warm_spark,
+)
+from benchmarks.limits import consume, produce_batched, wordcount_bodies
 from stream_assets.examples import wordcount
-from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.runtime.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
+MARKER = "marker"
 
-def lines(n: int, seed: int = 3) -> list[bytes]:
-    """``n`` lines of 8 words from a 2 000-word vocabulary."""
-    rnd = random.Random(seed)
-    vocab = [f"w{i}" for i in range(2_000)]
-    return [" ".join(rnd.choices(vocab, k=8)).encode() for _ in range(n)]
+
+def shuffle_figures(run: EngineRun) -> dict[str, float]:
+    """Shuffle messages and entries stage 0 sent, and the words stage 1 took in."""
+    stage0, stage1 = run.totals.get(0, {}), run.totals.get(1, {})
+    return {
+        "messages_in": stage0.get("records_in", 0.0),
+        "shuffle_messages": stage0.get("shuffle_messages", 0.0),
+        "shuffle_entries": stage0.get("shuffle_records", 0.0),
+        "stage1_entries_in": stage1.get("records_in", 0.0),
+        "outputs": stage1.get("outputs", 0.0),
+    }
+
+
+def marked(bodies: list[bytes]) -> list[bytes]:
+    """Each body with one word unique to it appended (``marker<index>``)."""
+    return [body + f" {MARKER}{i}".encode() for i, body in enumerate(bodies)]
+
+
+def latency(
+    settings: RocketMQSettings,
+    args: argparse.Namespace,
+    engine: EngineSettings,
+    lines_per_s: float,
+) -> dict[str, float]:
+    """p50/p99 (ms) of marker latency with lines sent at ``lines_per_s``."""
+    msgs_per_s = lines_per_s / args.lines_per_message
+    count = max(100, int(msgs_per_s * args.latency_seconds))
+    bodies = marked(wordcount_bodies(count * args.lines_per_message, args.lines_per_message, 9))
+    job = unique("bench-wc-lat")
+    run, sent = run_live(
+        wordcount.build(job, f"{job}-in", f"{job}-out"),
+        settings,
+        engine,
+        bodies,
+        count * args.lines_per_message,
+        args.queues,
+        msgs_per_s,
+    )
+    first_seen: dict[int, int] = {}
+    for r in read_all(settings, f"{job}-out"):
+        key = json.loads(r.body)["key"]
+        if key.startswith(MARKER):
+            i = int(key[len(MARKER) :])
+            first_seen[i] = min(first_seen.get(i, r.store_timestamp), r.store_timestamp)
+    if len(first_seen) != count:
+        print(f"warning: {len(first_seen)} of {count} markers counted", file=sys.stderr)
+    lat = [first_seen[i] - sent.born_ms[i] for i in sorted(first_seen)]
+    p50, p99 = percentiles(lat)
+    skip_ms = args.latency_warmup_s * 1000
+    steady = [
+        first_seen[i] - sent.born_ms[i]
+        for i in sorted(first_seen)
+        if sent.born_ms[i] - sent.born_ms[0] >= skip_ms
+    ]
+    s50, s99 = percentiles(steady) if len(steady) >= 2 else (float("nan"), float("nan"))
+    return {
+        "latency_target_lines_per_s": lines_per_s,
+        "latency_sent_lines_per_s": sent.msgs_per_s * args.lines_per_message,
+        "latency_engine_lines_per_s": run.records_per_s,
+        "latency_samples": float(len(lat)),
+        "latency_p50_ms": p50,
+        "latency_p99_ms": p99,
+        "latency_max_ms": float(max(lat)),
+        "latency_steady_p50_ms": s50,
+        "latency_steady_p99_ms": s99,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lines", type=int, default=50_000)
-    parser.add_argument("--live", type=int, default=1_000)
+    parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--lines-per-message", type=int, default=20)
+    parser.add_argument("--queues", type=int, default=8)
+    parser.add_argument(
+        "--latency-seconds", type=float, default=20.0, help="length of the paced latency run"
+    )
+    parser.add_argument(
+        "--latency-warmup-s",
+        type=float,
+        default=2.0,
+        help="first seconds of the latency run left out of the 'steady' percentiles",
+    )
+    parser.add_argument(
+        "--pre-combine",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pre-shuffle combine (default: EngineSettings)",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object of the figures")
+    add_engine_flags(parser)
     args = parser.parse_args()
     settings = RocketMQSettings()
-    engine = EngineSettings(max_records_per_batch=10_000)
+    more = {} if args.pre_combine is None else {"pre_combine": args.pre_combine}
+    engine = engine_from(args, **more)
+    used = {
+        **knobs(engine),
+        "lines": args.lines,
+        "lines_per_message": args.lines_per_message,
+        "queues": args.queues,
+    }
+    say = (lambda _text: None) if args.json else print
+    say("knobs: " + ", ".join(f"{k}={v}" for k, v in used.items()))
+    figures: dict[str, Any] = {"knobs": used}
+    began = time.perf_counter()
 
-    base = measure(5_000, 8, 64)
-    print(f"baseline broker round trip: {base['roundtrip_msgs_per_s']:.0f} msg/s")
+    bodies = wordcount_bodies(args.lines, args.lines_per_message)
+    job = unique("bench-wc")
+    src = f"{job}-in"
+    create_topic(settings, src, args.queues)
+    produced = produce_batched(settings, src, bodies)
+    raw = consume(settings, src, count=True)["lines_per_s"]
+    figures["produce_lines_per_s"] = produced * args.lines_per_message
+    figures["raw_read_count_lines_per_s"] = raw
+    say(
+        f"input: {len(bodies)} messages, produced (batched) at "
+        f"{figures['produce_lines_per_s']:.0f} lines/s"
+    )
+    say(f"baseline raw read + count (Counter, one process): {raw:.0f} lines/s")
+
     warm_spark(settings, engine, wordcount.build)
 
-    # Input arrives while the instance runs (pre-shuffle combine applies only to
-    # input newer than the instance's start), LINES_PER_MESSAGE lines a message.
-    text = lines(args.lines)
-    bodies = [
-        b"\n".join(text[i : i + args.lines_per_message])
-        for i in range(0, len(text), args.lines_per_message)
-    ]
-    for combine in (True, False):
-        job = unique("bench-wc")
-        src = f"{job}-in"
-        with RocketMQAdmin(settings) as admin:
-            admin.create_topic(src, 4)
-        instance = Instance(
-            wordcount.build(job, src, f"{job}-out"),
-            rocketmq=settings,
-            engine=engine.model_copy(update={"pre_combine": combine}),
-        )
-        instance.start()
-        start = time.perf_counter()
-        produce(settings, src, bodies)
-        instance.await_caught_up(1800, poll_s=0.2)
-        seconds = time.perf_counter() - start
-        instance.stop()
-        stage0, stage1 = instance.metrics[0].totals, instance.metrics[1].totals
-        rate = args.lines / seconds
-        raw = consume(settings, src, count=True)["lines_per_s"]
-        print(
-            f"wordcount, pre-shuffle combine {'on ' if combine else 'off'}: "
-            f"{rate:.0f} lines/s ({rate * 8:.0f} words/s) = "
-            f"{100 * rate / raw:.1f} % of raw read + count ({raw:.0f} lines/s), "
-            f"{rate / base['roundtrip_msgs_per_s']:.2f} x broker round trip; "
-            f"{stage0.get('shuffle_messages', 0):.0f} shuffle messages carrying "
-            f"{stage0.get('shuffle_records', 0):.0f} entries for "
-            f"{stage1.get('records_in', 0):.0f} words"
-        )
+    pre = run_instance(wordcount.build(job, src, f"{job}-out"), settings, engine, args.lines)
+    figures["pre_lines_per_s"] = pre.records_per_s
+    figures["pre_ratio"] = pre.records_per_s / raw
+    figures["pre_shuffle"] = shuffle_figures(pre)
+    figures["pre_batches"] = pre.batches
+    say(
+        f"pre-produced: {pre.records_per_s:.0f} lines/s in {pre.seconds:.2f} s = "
+        f"{100 * figures['pre_ratio']:.1f} % of raw read + count (target >= 25 %)"
+    )
+    say(_shuffle_line(pre))
 
     job = unique("bench-wc-live")
-    live = [line + f" marker{i}".encode() for i, line in enumerate(lines(args.live, seed=9))]
-    inputs, outputs = run_live(
-        wordcount.build(job, f"{job}-in", f"{job}-out"), settings, engine, live
+    live, sent = run_live(
+        wordcount.build(job, f"{job}-in", f"{job}-out"),
+        settings,
+        engine,
+        bodies,
+        args.lines,
+        args.queues,
     )
-    born = {int(r.body.rsplit(b"marker", 1)[1]): r.born_timestamp for r in inputs}
-    first_seen: dict[int, int] = {}
-    for r in outputs:
-        key = json.loads(r.body)["key"]
-        if key.startswith("marker"):
-            i = int(key[len("marker") :])
-            first_seen[i] = min(first_seen.get(i, r.store_timestamp), r.store_timestamp)
-    p50, p99 = percentiles([first_seen[i] - born[i] for i in first_seen])
-    print(
-        f"wordcount end-to-end latency over {len(first_seen)} marker words: "
-        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms"
+    raw_live = consume(settings, f"{job}-in", count=True)["lines_per_s"]
+    figures["live_lines_per_s"] = live.records_per_s
+    figures["live_sent_lines_per_s"] = sent.msgs_per_s * args.lines_per_message
+    figures["live_raw_read_count_lines_per_s"] = raw_live
+    figures["live_ratio"] = live.records_per_s / raw_live
+    figures["live_shuffle"] = shuffle_figures(live)
+    figures["live_batches"] = live.batches
+    say(
+        f"live: {live.records_per_s:.0f} lines/s in {live.seconds:.2f} s "
+        f"(sent in {sent.seconds:.2f} s) = {100 * figures['live_ratio']:.1f} % of raw "
+        f"read + count on its topic ({raw_live:.0f} lines/s) (target >= 25 %)"
+    )
+    say(_shuffle_line(live))
+
+    best = max(pre.records_per_s, live.records_per_s)
+    lat = latency(settings, args, engine, best / 2)
+    figures.update(lat)
+    say(
+        f"latency at half the max ({lat['latency_target_lines_per_s']:.0f} lines/s target, "
+        f"{lat['latency_sent_lines_per_s']:.0f} sent) over {lat['latency_samples']:.0f} "
+        f"markers: p50 {lat['latency_p50_ms']:.0f} ms, p99 {lat['latency_p99_ms']:.0f} ms, "
+        f"max {lat['latency_max_ms']:.0f} ms (target p99 <= 1500 ms); after the first "
+        f"{args.latency_warmup_s:g} s: p50 {lat['latency_steady_p50_ms']:.0f} ms, "
+        f"p99 {lat['latency_steady_p99_ms']:.0f} ms"
+    )
+    figures["wall_s"] = time.perf_counter() - began
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(f"(whole benchmark: {figures['wall_s']:.0f} s)")
+
+
+def _shuffle_line(run: EngineRun) -> str:
+    f = shuffle_figures(run)
+    return (
+        f"  {f['messages_in']:.0f} messages in, {f['shuffle_messages']:.0f} shuffle "
+        f"messages carrying {f['shuffle_entries']:.0f} entries, "
+        f"{f['outputs']:.0f} count updates out; "
+        f"batches per stage {run.batches}, slowest batch per stage "
+        + ", ".join(f"{k}: {v:.2f} s" for k, v in run.max_batch_s.items())
     )
 
 

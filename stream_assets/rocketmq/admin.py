@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from stream_assets.rocketmq.remoting import (
     RequestCode,
     ResponseCode,
     parse_fastjson,
+    parse_fastjson_keyed,
 )
 from stream_assets.settings import RocketMQSettings
 
@@ -40,6 +42,11 @@ _TOPIC_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 _MASTER_ID = "0"
 _PERM_READ_WRITE = 6
 _ADDR_CACHE_S = 10.0
+#: How many failed queues a commit error lists by name.
+_NAMED_FAILURES = 5
+
+#: One pipelined request: (request code, ext fields, body).
+_Request = tuple[int, dict[str, str], bytes]
 
 
 @dataclass(frozen=True, order=True)
@@ -289,8 +296,45 @@ class RocketMQAdmin:
         return self._offset_call(queue, RequestCode.GET_MAX_OFFSET, {}, "max offset")
 
     def queue_offsets(self, topic: str) -> list[QueueOffsets]:
-        """Min and max offsets of every queue of ``topic``."""
-        return [QueueOffsets(q, self.min_offset(q), self.max_offset(q)) for q in self.queues(topic)]
+        """Min and max offsets of every queue of ``topic``, in queue order."""
+        return list(self.topic_offsets(topic).values())
+
+    def topic_offsets(
+        self, topic: str, queues: Iterable[MessageQueue] | None = None
+    ) -> dict[MessageQueue, QueueOffsets]:
+        """Min and max offsets of ``queues`` (default: every readable queue of ``topic``).
+
+        One request per broker (GET_TOPIC_STATS_INFO) instead of two per queue;
+        the broker reads the same store offsets as for :meth:`min_offset` and
+        :meth:`max_offset` (a negative one, of a queue it has no file for, as
+        0). Keys are in the order of ``queues``; with ``queues`` given the name
+        server is not asked for the route (broker addresses are cached).
+
+        Example::
+
+            >>> offsets = admin.topic_offsets("orders")  # doctest: +SKIP
+            >>> {q.queue_id: o.max_offset for q, o in offsets.items()}  # doctest: +SKIP
+            {0: 120, 1: 98, 2: 0, 3: 7}
+        """
+        wanted = self._queues_of(topic, queues)
+        found: dict[MessageQueue, QueueOffsets] = {}
+        for addr, on_broker in self._by_broker(wanted):
+            broker = on_broker[0].broker_name
+            reply = self._broker_call(
+                on_broker[0], RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}
+            )
+            _check(reply, f"offsets of topic {topic!r} on broker {broker}")
+            table = _offset_table(reply.body, topic)
+            for queue in on_broker:
+                entry = table.get(queue.queue_id)
+                if entry is None:
+                    raise RocketMQError(
+                        f"broker {broker} at {addr} reported no offsets for "
+                        f"{topic}[{queue.queue_id}]: it holds {len(table)} queues of the topic. "
+                        "Was the topic's queue count changed while this ran?"
+                    )
+                found[queue] = QueueOffsets(queue, int(entry["minOffset"]), int(entry["maxOffset"]))
+        return {q: found[q] for q in wanted}
 
     def offset_for_timestamp(self, queue: MessageQueue, timestamp_ms: int) -> int:
         """The first offset of ``queue`` whose store timestamp is >= ``timestamp_ms``.
@@ -308,17 +352,52 @@ class RocketMQAdmin:
 
     def query_consumer_offset(self, group: str, queue: MessageQueue) -> int | None:
         """The committed offset of ``group`` on ``queue``, or None if it never committed."""
-        fields = {
-            "consumerGroup": group,
-            "topic": queue.topic,
-            "queueId": str(queue.queue_id),
-            "setZeroIfNotFound": "false",
-        }
-        reply = self._broker_call(queue, RequestCode.QUERY_CONSUMER_OFFSET, fields)
-        if reply.code == ResponseCode.QUERY_NOT_FOUND:
-            return None
-        _check(reply, f"consumer offset of {group!r} on {queue.topic}[{queue.queue_id}]")
-        return int(reply.ext_fields["offset"])
+        return self.group_offsets(group, queue.topic, [queue])[queue]
+
+    def group_offsets(
+        self, group: str, topic: str, queues: Iterable[MessageQueue] | None = None
+    ) -> dict[MessageQueue, int | None]:
+        """``group``'s committed offset on each of ``queues`` (default: every readable
+        queue of ``topic``); None for a queue it never committed.
+
+        One round trip per broker: a QUERY_CONSUMER_OFFSET per queue, pipelined.
+        Not GET_CONSUME_STATS, although it answers for a whole topic in one
+        request: it reports a queue the group never committed as offset 0
+        (and an unknown group as all zeros, with success), so "never committed"
+        could not be told from "committed 0" -- which differ once the queue's
+        min offset is past 0. Keys are in the order of ``queues``.
+
+        Example::
+
+            >>> committed = admin.group_offsets("wordcount", "orders")  # doctest: +SKIP
+            >>> {q.queue_id: o for q, o in committed.items()}  # doctest: +SKIP
+            {0: 120, 1: 97, 2: None, 3: 7}
+        """
+        wanted = self._queues_of(topic, queues)
+        found: dict[MessageQueue, int | None] = {}
+        for addr, on_broker in self._by_broker(wanted):
+            requests: list[_Request] = [
+                (
+                    RequestCode.QUERY_CONSUMER_OFFSET,
+                    {
+                        "consumerGroup": group,
+                        "topic": q.topic,
+                        "queueId": str(q.queue_id),
+                        # Else the broker may answer 0 for a queue nobody committed.
+                        "setZeroIfNotFound": "false",
+                    },
+                    b"",
+                )
+                for q in on_broker
+            ]
+            replies = self._broker_call_many(addr, on_broker, requests)
+            for queue, reply in zip(on_broker, replies, strict=True):
+                if reply.code == ResponseCode.QUERY_NOT_FOUND:
+                    found[queue] = None
+                    continue
+                _check(reply, f"consumer offset of {group!r} on {queue.topic}[{queue.queue_id}]")
+                found[queue] = int(reply.ext_fields["offset"])
+        return {q: found[q] for q in wanted}
 
     def create_consumer_group(self, group: str, queue: MessageQueue) -> None:
         """Create (or update) subscription group ``group`` on ``queue``'s broker."""
@@ -330,20 +409,146 @@ class RocketMQAdmin:
 
     def commit_consumer_offset(self, group: str, queue: MessageQueue, offset: int) -> None:
         """Store ``offset`` as ``group``'s position on ``queue`` (acknowledged by the broker)."""
-        if offset < 0:
-            raise ValueError(f"consumer offset must be >= 0, got {offset}")
-        fields = {
-            "consumerGroup": group,
-            "topic": queue.topic,
-            "queueId": str(queue.queue_id),
-            "commitOffset": str(offset),
-        }
-        reply = self._broker_call(queue, RequestCode.UPDATE_CONSUMER_OFFSET, fields)
-        if reply.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
+        self.commit_consumer_offsets(group, {queue: offset})
+
+    def commit_consumer_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
+        """Store each queue's offset as ``group``'s position there, acknowledged by the broker.
+
+        Pipelined: per broker, one round trip for the first queue of each topic,
+        one for all the others. The broker creates a group's offset map for a
+        topic without a lock, so commits racing into a map not yet there can
+        overwrite each other, each acknowledged: sent all at once, the first
+        commits of 10 groups in 100 lost an offset (8 queues, RocketMQ 5.3.3).
+        Once the map exists, concurrent commits are safe.
+
+        If the broker does not know ``group`` yet (RocketMQ 5 registers a group
+        only when it pulls), it is created and the commits repeated. Raises if
+        any commit failed, naming the queues and offsets; others may have been
+        stored, and repeating the whole call is safe.
+
+        Example::
+
+            >>> admin.commit_consumer_offsets("wordcount", {q0: 120, q1: 97})  # doctest: +SKIP
+        """
+        for queue, offset in offsets.items():
+            if offset < 0:
+                raise ValueError(
+                    f"consumer offset must be >= 0, got {offset} for "
+                    f"{queue.topic}[{queue.queue_id}]"
+                )
+        for addr, on_broker in self._by_broker(offsets):
+            firsts: dict[str, MessageQueue] = {}
+            for queue in on_broker:
+                firsts.setdefault(queue.topic, queue)
+            others = [q for q in on_broker if firsts[q.topic] != q]
+            for queues in (list(firsts.values()), others):
+                if queues:
+                    self._commit_pipelined(addr, group, {q: offsets[q] for q in queues})
+
+    def _commit_pipelined(self, addr: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        """All of ``offsets`` (queues of the broker at ``addr``) in one round trip."""
+        queues = list(offsets)
+        requests: list[_Request] = [
+            (
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                {
+                    "consumerGroup": group,
+                    "topic": q.topic,
+                    "queueId": str(q.queue_id),
+                    "commitOffset": str(offsets[q]),
+                },
+                b"",
+            )
+            for q in queues
+        ]
+        replies = self._broker_call_many(addr, queues, requests)
+        refused = [
+            i for i, r in enumerate(replies) if r.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+        ]
+        if refused:
             # 5.x registers a group only when it pulls; commit-before-pull needs it created.
-            self.create_consumer_group(group, queue)
-            reply = self._broker_call(queue, RequestCode.UPDATE_CONSUMER_OFFSET, fields)
-        _check(reply, f"commit offset {offset} for {group!r} on {queue.topic}[{queue.queue_id}]")
+            self.create_consumer_group(group, queues[refused[0]])
+            again = self._broker_call_many(
+                addr, [queues[i] for i in refused], [requests[i] for i in refused]
+            )
+            for i, reply in zip(refused, again, strict=True):
+                replies[i] = reply
+        failed = [
+            (q, r) for q, r in zip(queues, replies, strict=True) if r.code != ResponseCode.SUCCESS
+        ]
+        if failed:
+            named = ", ".join(
+                f"{q.topic}[{q.queue_id}] at {offsets[q]}" for q, _ in failed[:_NAMED_FAILURES]
+            )
+            more = (
+                f" and {len(failed) - _NAMED_FAILURES} more"
+                if len(failed) > _NAMED_FAILURES
+                else ""
+            )
+            first = failed[0][1]
+            raise RemotingError(
+                f"commit offset for {group!r} on {named}{more}", first.code, first.remark
+            )
+
+    # -- batching ----------------------------------------------------------
+
+    def _queues_of(self, topic: str, queues: Iterable[MessageQueue] | None) -> list[MessageQueue]:
+        """``queues`` without repeats (checked to be ``topic``'s), or all of the topic's."""
+        if queues is None:
+            return self.queues(topic)
+        wanted = list(dict.fromkeys(queues))
+        strangers = [q for q in wanted if q.topic != topic]
+        if strangers:
+            raise ValueError(f"queues {strangers} are not queues of topic {topic!r}")
+        return wanted
+
+    def _by_broker(self, queues: Iterable[MessageQueue]) -> list[tuple[str, list[MessageQueue]]]:
+        """``queues`` grouped by broker, with the master address serving each; order kept."""
+        grouped: dict[tuple[str, str], list[MessageQueue]] = {}
+        for queue in queues:
+            grouped.setdefault((queue.broker_name, self.broker_addr(queue)), []).append(queue)
+        return [(addr, on_broker) for (_, addr), on_broker in grouped.items()]
+
+    def _broker_call_many(
+        self, addr: str, queues: list[MessageQueue], requests: list[_Request]
+    ) -> list[RemotingCommand]:
+        """``requests`` to the broker at ``addr`` (serving ``queues``) in one round trip.
+
+        Every caller sends requests that are safe to repeat (reads, offset
+        stores), so a failure is retried once on a fresh connection, as
+        :meth:`RemotingConnection.call` does: the broker closes channels idle
+        for two minutes, and the pooled socket may be one. A timeout is not
+        retried: that would double the bound on a broker that does not answer.
+        """
+        conn = self._pool.get(addr, f"broker {queues[0].broker_name}")
+        try:
+            try:
+                return conn.call_many(requests)
+            except BrokerUnreachableError as exc:
+                if isinstance(exc.__cause__, TimeoutError):
+                    raise
+                return conn.call_many(requests)
+        except BrokerUnreachableError:
+            for queue in queues:
+                self._addr_cache.pop((queue.topic, queue.broker_name), None)
+            raise
+
+
+def _offset_table(body: bytes, topic: str) -> dict[int, dict[str, Any]]:
+    """Queue id -> entry of the ``offsetTable`` of a TopicStatsTable body, for ``topic``.
+
+    The table is a fastjson map keyed by MessageQueue objects (see
+    :func:`~stream_assets.rocketmq.remoting.parse_fastjson_keyed`).
+    """
+    data = cast(dict[str, Any], parse_fastjson_keyed(body))
+    table: dict[int, dict[str, Any]] = {}
+    for key, entry in cast(dict[str, Any], data.get("offsetTable") or {}).items():
+        queue = json.loads(key)
+        if not isinstance(queue, dict) or "queueId" not in queue:
+            raise ValueError(f"offset table key {key!r} is not a message queue")
+        if queue.get("topic") == topic:
+            table[int(queue["queueId"])] = entry
+    return table
 
 
 def _group_config(group: str) -> bytes:

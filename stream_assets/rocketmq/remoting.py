@@ -203,7 +203,8 @@ class RemotingConnection:
 
         Example::
 
-            >>> replies = conn.call_many([(RequestCode.GET_MAX_OFFSET, f, b"") for f in fields])  # doctest: +SKIP
+            >>> requests = [(RequestCode.GET_MAX_OFFSET, f, b"") for f in fields]  # doctest: +SKIP
+            >>> replies = conn.call_many(requests)  # doctest: +SKIP
         """
         if not requests:
             return []
@@ -318,6 +319,92 @@ def parse_fastjson(body: bytes) -> object:
                 i = k - 1
         i += 1
     return json.loads("".join(out))
+
+
+_JSON_SPACE = " \t\n\r"
+_JSON_SCALARS = json.JSONDecoder()
+
+
+def parse_fastjson_keyed(body: bytes) -> object:
+    """Parse a fastjson body whose maps may have any JSON value as a key.
+
+    fastjson writes a ``Map<MessageQueue, ...>`` (TopicStatsTable, ConsumeStats)
+    with each key as a JSON object, ``{{"brokerName":"b","queueId":0,"topic":"t"}:{...}}``,
+    which no JSON parser accepts. Here every key that is not a string becomes
+    its compact JSON text with sorted keys -- ``json.loads`` of it gives the
+    key back -- so the result is plain JSON data. Integer keys come out as
+    :func:`parse_fastjson` gives them (``0`` -> ``"0"``).
+
+    Example::
+
+        >>> parse_fastjson_keyed(b'{"t":{{"queueId":0,"topic":"a%b"}:{"maxOffset":5}}}')
+        {'t': {'{"queueId":0,"topic":"a%b"}': {'maxOffset': 5}}}
+        >>> parse_fastjson_keyed(b'{"brokerAddrs":{0:"127.0.0.1:10911"}}')
+        {'brokerAddrs': {'0': '127.0.0.1:10911'}}
+    """
+    text = body.decode("utf-8")
+    value, end = _keyed_value(text, _skip_space(text, 0))
+    if _skip_space(text, end) != len(text):
+        raise ValueError(f"unexpected data at character {end} of a fastjson body")
+    return value
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _JSON_SPACE:
+        i += 1
+    return i
+
+
+def _keyed_value(text: str, i: int) -> tuple[object, int]:
+    """The value starting at ``text[i]`` and the index just past it."""
+    if text.startswith("{", i):
+        return _keyed_object(text, i)
+    if text.startswith("[", i):
+        items: list[object] = []
+        i = _skip_space(text, i + 1)
+        if text.startswith("]", i):
+            return items, i + 1
+        while True:
+            item, i = _keyed_value(text, i)
+            items.append(item)
+            i = _expect(text, i, ",]")
+            if text[i - 1] == "]":
+                return items, i
+            i = _skip_space(text, i)
+    # Strings (escapes included), numbers, true, false, null: the standard decoder's.
+    value, end = _JSON_SCALARS.raw_decode(text, i)
+    return value, end
+
+
+def _keyed_object(text: str, i: int) -> tuple[object, int]:
+    out: dict[str, object] = {}
+    i = _skip_space(text, i + 1)
+    if text.startswith("}", i):
+        return out, i + 1
+    while True:
+        raw_key, i = _keyed_value(text, i)
+        key = (
+            raw_key
+            if isinstance(raw_key, str)
+            else json.dumps(raw_key, sort_keys=True, separators=(",", ":"))
+        )
+        i = _expect(text, i, ":")
+        out[key], i = _keyed_value(text, _skip_space(text, i))
+        i = _expect(text, i, ",}")
+        if text[i - 1] == "}":
+            return out, i
+        i = _skip_space(text, i)
+
+
+def _expect(text: str, i: int, allowed: str) -> int:
+    """Skip space, check the next character is one of ``allowed``; the index past it."""
+    i = _skip_space(text, i)
+    if i >= len(text) or text[i] not in allowed:
+        found = repr(text[i]) if i < len(text) else "the end"
+        raise ValueError(
+            f"expected one of {allowed!r} at character {i} of a fastjson body, found {found}"
+        )
+    return i + 1
 
 
 class ConnectionPool:

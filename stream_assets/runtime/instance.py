@@ -37,6 +37,7 @@ from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.source import RocketMQDataSource
 from stream_assets.runtime.spark_task import TaskContext, task_fn
+from stream_assets.runtime.store_handles import release_job_stores
 from stream_assets.runtime.user_code import ship_user_code
 from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
 
@@ -229,8 +230,8 @@ class Instance:
         )
 
     def _current_ends(self, stage: Stage) -> tuple[tuple[int, int], ...]:
-        admin = self._admin
-        return tuple((q.queue_id, admin.max_offset(q)) for q in admin.queues(stage.input_topic))
+        offsets = self._admin.topic_offsets(stage.input_topic)
+        return tuple((q.queue_id, o.max_offset) for q, o in offsets.items())
 
     def _batch_fn(self, ctx: TaskContext) -> Callable[[Any, int], None]:
         stage = ctx.stage.stage
@@ -260,10 +261,14 @@ class Instance:
         Spark's own source commit would come only when the next batch is
         planned, i.e. never for the last batch before a quiet period.
         """
-        admin = self._admin
-        for row in rows:
-            queue = MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"]))
-            admin.commit_consumer_offset(self.group, queue, int(row["end_offset"]))
+        ends = {
+            MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"])): int(
+                row["end_offset"]
+            )
+            for row in rows
+        }
+        # Every queue of the batch in one round trip; repeating it (outage riding) is safe.
+        self._admin.commit_consumer_offsets(self.group, ends)
 
     def _record(self, stage: int, rows: list[dict[str, Any]], seconds: float) -> None:
         with self._lock:
@@ -298,13 +303,19 @@ class Instance:
         admin = self._admin
         for stage in self.topology.stages:
             wanted = self._queues_of(stage.input_topic)
+            queues = [
+                q for q in admin.queues(stage.input_topic) if wanted is None or q.queue_id in wanted
+            ]
+            # Committed offsets before the ends: the lag may overstate, never understate,
+            # so 0 means everything the queue held was committed.
+            committed = admin.group_offsets(self.group, stage.input_topic, queues)
+            ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
-            for q in admin.queues(stage.input_topic):
-                if wanted is not None and q.queue_id not in wanted:
-                    continue
-                committed = admin.query_consumer_offset(self.group, q)
-                floor = committed if committed is not None else admin.min_offset(q)
-                per_queue[q.queue_id] = max(0, admin.max_offset(q) - floor)
+            for q in queues:
+                floor = committed[q]
+                if floor is None:
+                    floor = ranges[q].min_offset
+                per_queue[q.queue_id] = max(0, ranges[q].max_offset - floor)
             out[stage.input_topic] = per_queue
         return out
 
@@ -358,6 +369,11 @@ class Instance:
                 time.sleep(0.1)
             query.stop()
         self._queries.clear()
+        if self.engine.state_dir:
+            # Python workers keep stores open between batches (and outlive this
+            # instance when the SparkSession stays): hand them back, so a stopped
+            # instance's state may be moved or wiped.
+            release_job_stores(self.engine.state_dir, self.topology.job_id)
         shutil.rmtree(self._checkpoints, ignore_errors=True)
         self.progress(f"instance of {self.topology.job_id} stopped")
 

@@ -172,13 +172,15 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         def start_offsets() -> dict[str, int]:
-            offsets: dict[str, int] = {}
-            for queue in self._queues:
-                committed = self._admin.query_consumer_offset(self.opts.group, queue)
-                offsets[self._key(queue)] = (
-                    committed if committed is not None else self._admin.min_offset(queue)
-                )
-            return offsets
+            # One round trip per broker for the committed offsets, and one more
+            # for the min offsets only if some queue was never committed.
+            committed = self._admin.group_offsets(self.opts.group, self.opts.topic, self._queues)
+            never = [q for q, offset in committed.items() if offset is None]
+            floors = self._admin.topic_offsets(self.opts.topic, never)
+            return {
+                self._key(q): offset if offset is not None else floors[q].min_offset
+                for q, offset in committed.items()
+            }
 
         return {"q": self._ride(start_offsets, "start offsets"), "tick": 0, "idle": []}
 
@@ -190,10 +192,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         # sent) before the stage queues' end offsets are read below.
         idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topic else []
         begin: dict[str, int] = start["q"]
-        available = self._ride(
-            lambda: {self._key(q): self._admin.max_offset(q) for q in self._queues},
-            "latest offsets",
-        )
+        available = self._ride(self._end_offsets, "latest offsets")
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end, capped = _cap(begin, available, budget)
         tick = int(start.get("tick", 0))
@@ -202,21 +201,35 @@ class RocketMQStreamReader(DataSourceStreamReader):
         # A batch that stops short of the end has input still to read: nothing is idle.
         return {"q": end, "tick": tick, "idle": [] if capped else idle}
 
+    def _end_offsets(self) -> dict[str, int]:
+        """The broker's end offset of every assigned queue (one request per broker)."""
+        offsets = self._admin.topic_offsets(self.opts.topic, self._queues)
+        return {self._key(q): o.max_offset for q, o in offsets.items()}
+
     def _idle_origins(self) -> list[int]:
         """Source queues idle by the broker's offsets: end unmoved for the idle timeout,
         and committed to that end by the stage that reads them."""
         assert self.opts.origin_topic is not None
         now = time.monotonic()
-        idle = []
-        for queue in self._admin.queues(self.opts.origin_topic):
-            end = self._admin.max_offset(queue)
+        queues = self._admin.queues(self.opts.origin_topic)
+        ranges = self._admin.topic_offsets(self.opts.origin_topic, queues)
+        unmoved = []
+        for queue in queues:
+            end = ranges[queue].max_offset
             seen = self._origin_ends.get(queue.queue_id)
             if seen is None or seen[0] != end:
                 self._origin_ends[queue.queue_id] = seen = (end, now)
-            if (now - seen[1]) * 1000 < self.opts.idle_timeout_ms:
-                continue
-            committed = self._admin.query_consumer_offset(self.opts.group, queue)
-            if (committed if committed is not None else self._admin.min_offset(queue)) >= end:
+            if (now - seen[1]) * 1000 >= self.opts.idle_timeout_ms:
+                unmoved.append(queue)
+        # Committed offsets after the ends: a commit at or past the end read above
+        # means the stage processed everything the queue held then.
+        committed = self._admin.group_offsets(self.opts.group, self.opts.origin_topic, unmoved)
+        idle = []
+        for queue in unmoved:
+            floor = committed[queue]
+            if floor is None:
+                floor = ranges[queue].min_offset
+            if floor >= ranges[queue].max_offset:
                 idle.append(queue.queue_id)
         return idle
 
