@@ -235,12 +235,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def engine_from(args: argparse.Namespace, **more: object) -> EngineSettings:
     """EngineSettings with the knobs of :func:`add_engine_flags` (and ``more``) applied."""
+    defaults = EngineSettings()
     update: dict[str, object] = {
+        # No console progress bars on stderr between the figures.
+        "spark_conf": {"spark.ui.showConsoleProgress": "false", **defaults.spark_conf},
         "trigger_interval_ms": args.trigger_ms,
         "max_records_per_batch": args.max_records_per_batch,
         **more,
     }
-    return EngineSettings().model_copy(update=update)
+    return defaults.model_copy(update=update)
 
 
 def knobs(engine: EngineSettings) -> dict[str, object]:

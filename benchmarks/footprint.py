@@ -122,9 +122,9 @@ def _kind(pid: int, root: int) -> str:
         return "jvm"
     if "pyspark.sql.worker" in cmd or "python_streaming_source_runner" in cmd:
         return "python_planners"
-    if "pyspark" in cmd:
+    if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
         return "python_workers"
-    return "other"
+    return "other"  # e.g. the spark-submit shell before it execs the JVM
 
 
 def _rss(pid: int) -> int:
@@ -152,7 +152,6 @@ class Sampler:
     peak_counts: dict[str, int] = field(default_factory=dict)
     peak_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     peak_pss: int = 0
-    _kinds: dict[int, str] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -165,9 +164,8 @@ class Sampler:
         counts = dict.fromkeys(KINDS, 0)
         pss = 0
         for pid in _tree(self.root):
-            kind = self._kinds.get(pid)
-            if kind is None:
-                kind = self._kinds[pid] = _kind(pid, self.root)
+            # Not cached: a pid's program changes on exec (spark-submit -> java).
+            kind = _kind(pid, self.root)
             try:
                 split[kind] += _rss(pid)
                 pss += _pss(pid)

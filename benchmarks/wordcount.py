@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument(
         "--latency-warmup-s",
         type=float,
-        default=2.0,
+        default=5.0,
         help="first seconds of the latency run left out of the 'steady' percentiles",
     )
     parser.add_argument(

@@ -40,10 +40,11 @@ class StageContext:
     dead_letter_topic: str
     snapshot_every: int = 100
     pre_combine: bool = True  # engine setting: pre-aggregate before the shuffle where exact
-    #: Per source queue, the max offset when this query started. A batch may be
-    #: pre-combined only from there on: anything below may have been sent, cut
-    #: short, by a run that crashed, with other batch boundaries; per-record
-    #: origins de-duplicate against any such prefix, combined ones do not.
+    #: Per source queue, the end of the last batch any earlier run planned (see
+    #: Instance._combine_from). A batch may be pre-combined only from there on:
+    #: anything below may have been sent, cut short, by a run that crashed, with
+    #: other batch boundaries; per-record origins de-duplicate against any such
+    #: prefix, combined ones do not.
     combine_from: tuple[tuple[int, int], ...] = ()
     #: Every queue id of the source topic: each one holds the watermark of a
     #: stateful stage until it has spoken or is idle (slow queues stay on time).

@@ -190,6 +190,8 @@ class Instance:
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
+        if stage.index == 0:
+            reader = reader.option("planned_group", self._planned_group)
         agg = stage.aggregate
         if agg is not None and agg.window is not None:
             # Windows can fire when input stops (idle timeout): give the stage a
@@ -208,7 +210,7 @@ class Instance:
                 shuffle_queues=self.engine.shuffle_queues,
                 snapshot_every=self.engine.snapshot_every,
                 pre_combine=self.engine.pre_combine,
-                combine_from=self._current_ends(stage) if stage.index == 0 else (),
+                combine_from=self._combine_from(stage) if stage.index == 0 else (),
                 source_queues=self._source_queues,
                 generation=self.generation,
                 writer=self.writer,
@@ -229,9 +231,33 @@ class Instance:
             .start()
         )
 
-    def _current_ends(self, stage: Stage) -> tuple[tuple[int, int], ...]:
-        offsets = self._admin.topic_offsets(stage.input_topic)
-        return tuple((q.queue_id, o.max_offset) for q, o in offsets.items())
+    @property
+    def _planned_group(self) -> str:
+        """The group whose offsets are the ends of stage 0's batches, stored as planned."""
+        return f"{self.group}-planned"
+
+    def _combine_from(self, stage: Stage) -> tuple[tuple[int, int], ...]:
+        """Per source queue, the offset from which stage 0 may pre-combine.
+
+        A run that crashed may have sent shuffle messages, cut at its own batch
+        boundaries, up to the end of the batch it had planned; a combined
+        message only de-duplicates against exactly those boundaries, so below
+        that end records go per record. Where no end was ever planned, a group
+        that never committed sent nothing (combine everything); one that
+        committed without planned ends (an older version) is bounded only by
+        the queue's end now.
+        """
+        topic = stage.input_topic
+        ends = self._admin.topic_offsets(topic)
+        planned = self._admin.group_offsets(self._planned_group, topic)
+        committed = self._admin.group_offsets(self.group, topic)
+        out = []
+        for queue, offsets in ends.items():
+            bound = planned.get(queue)
+            if bound is None:
+                bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
+            out.append((queue.queue_id, bound))
+        return tuple(out)
 
     def _batch_fn(self, ctx: TaskContext) -> Callable[[Any, int], None]:
         stage = ctx.stage.stage

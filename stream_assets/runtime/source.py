@@ -87,6 +87,9 @@ class SourceOptions:
     broker_outage_s: float
     origin_topic: str | None
     idle_timeout_ms: int
+    #: Where the planner records each batch's end before the batch runs (see
+    #: planned_group() in runtime/instance.py); None: not recorded.
+    planned_group: str | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -106,6 +109,7 @@ class SourceOptions:
             broker_outage_s=float(options.get("broker_outage_s", "0")),
             origin_topic=options.get("origin_topic") or None,
             idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
+            planned_group=options.get("planned_group") or None,
         )
 
     def settings(self) -> RocketMQSettings:
@@ -143,6 +147,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self._admin_obj: RocketMQAdmin | None = None
         # Per source queue: (end offset, monotonic time it was first seen at that end).
         self._origin_ends: dict[int, tuple[int, float]] = {}
+        self._planned: dict[str, int] = {}  # ends recorded in the planned group
         # Spark may create this reader late (a query's first batch), even while
         # the broker restarts: every broker call here rides out an outage.
         route_queues = self._ride(lambda: self._admin.queues(options.topic), "queues")
@@ -195,11 +200,27 @@ class RocketMQStreamReader(DataSourceStreamReader):
         available = self._ride(self._end_offsets, "latest offsets")
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end, capped = _cap(begin, available, budget)
+        if self.opts.planned_group:
+            self._ride(lambda: self._record_planned(end), "planned offsets")
         tick = int(start.get("tick", 0))
         if self.opts.tick_ms > 0:
             tick = max(tick, int(time.time() * 1000) // self.opts.tick_ms)
         # A batch that stops short of the end has input still to read: nothing is idle.
         return {"q": end, "tick": tick, "idle": [] if capped else idle}
+
+    def _record_planned(self, end: dict[str, int]) -> None:
+        """Store the batch's end offsets before any task runs: the most a run that
+        crashes in this batch can have sent, which bounds what a later run must
+        not pre-combine (``StageContext.combine_from``)."""
+        assert self.opts.planned_group is not None
+        moved = {
+            q: end[self._key(q)]
+            for q in self._queues
+            if end[self._key(q)] > self._planned.get(self._key(q), -1)
+        }
+        if moved:
+            self._admin.commit_consumer_offsets(self.opts.planned_group, moved)
+            self._planned.update({self._key(q): off for q, off in moved.items()})
 
     def _end_offsets(self) -> dict[str, int]:
         """The broker's end offset of every assigned queue (one request per broker)."""
