@@ -110,21 +110,24 @@ def _tree(root: int) -> list[int]:
     return pids
 
 
-def _kind(pid: int, root: int) -> str:
-    if pid == root:
-        return "python_driver"
+def _kind(pid: int, root: int) -> tuple[str, str]:
+    """The kind of process ``pid`` is (:data:`KINDS`), and its program (last argument)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            args = f.read().decode(errors="replace").split("\0")
     except OSError:
-        return "other"
-    if "java" in cmd.split(" ", 1)[0]:
-        return "jvm"
+        return "other", "?"
+    cmd = " ".join(args)
+    program = next((a for a in reversed(args) if a), "?")
+    if pid == root:
+        return "python_driver", "driver"
+    if "java" in args[0]:
+        return "jvm", "java"
     if "pyspark.sql.worker" in cmd or "python_streaming_source_runner" in cmd:
-        return "python_planners"
+        return "python_planners", program
     if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
-        return "python_workers"
-    return "other"  # e.g. the spark-submit shell before it execs the JVM
+        return "python_workers", program
+    return "other", Path(program).name  # e.g. the spark-submit shell before it execs the JVM
 
 
 def _rss(pid: int) -> int:
@@ -150,6 +153,8 @@ class Sampler:
     peak_rss: int = 0
     peak_split: dict[str, int] = field(default_factory=dict)
     peak_counts: dict[str, int] = field(default_factory=dict)
+    #: At the peak: program -> (processes, RSS bytes).
+    peak_programs: dict[str, tuple[int, int]] = field(default_factory=dict)
     peak_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     peak_pss: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -162,20 +167,25 @@ class Sampler:
     def sample(self) -> None:
         split = dict.fromkeys(KINDS, 0)
         counts = dict.fromkeys(KINDS, 0)
+        programs: dict[str, tuple[int, int]] = {}
         pss = 0
         for pid in _tree(self.root):
             # Not cached: a pid's program changes on exec (spark-submit -> java).
-            kind = _kind(pid, self.root)
+            kind, program = _kind(pid, self.root)
             try:
-                split[kind] += _rss(pid)
+                rss = _rss(pid)
                 pss += _pss(pid)
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
+            split[kind] += rss
             counts[kind] += 1
+            n, size = programs.get(program, (0, 0))
+            programs[program] = (n + 1, size + rss)
         self.samples += 1
         total = sum(split.values())
         if total > self.peak_rss:
             self.peak_rss, self.peak_split, self.peak_counts = total, split, counts
+            self.peak_programs = programs
         self.peak_pss = max(self.peak_pss, pss)
         for kind, value in split.items():
             self.peak_by_kind[kind] = max(self.peak_by_kind[kind], value)
@@ -250,6 +260,10 @@ def parent(args: argparse.Namespace) -> None:
         "peak_rss_mib": sampler.peak_rss / _MIB,
         "peak_rss_split_mib": {k: v / _MIB for k, v in sampler.peak_split.items()},
         "peak_processes": sampler.peak_counts,
+        "peak_programs_mib": {
+            k: {"processes": n, "mib": size / _MIB}
+            for k, (n, size) in sampler.peak_programs.items()
+        },
         "peak_by_kind_mib": {k: v / _MIB for k, v in sampler.peak_by_kind.items()},
         "peak_pss_mib": sampler.peak_pss / _MIB,
         "samples": sampler.samples,
@@ -274,6 +288,13 @@ def parent(args: argparse.Namespace) -> None:
             f"{k} {v:.0f} MiB ({sampler.peak_counts[k]} proc)"
             for k, v in figures["peak_rss_split_mib"].items()
             if sampler.peak_counts.get(k)
+        )
+    )
+    print(
+        "  by program: "
+        + ", ".join(
+            f"{k} {n} x = {size / _MIB:.0f} MiB"
+            for k, (n, size) in sorted(sampler.peak_programs.items(), key=lambda kv: -kv[1][1])
         )
     )
     print(

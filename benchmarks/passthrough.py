@@ -104,6 +104,7 @@ def latency(
         "latency_target_records_per_s": records_per_s,
         "latency_sent_records_per_s": sent.msgs_per_s,
         "latency_engine_records_per_s": run.records_per_s,
+        "latency_drain_s": run.seconds - sent.seconds,
         "latency_samples": float(len(lat)),
         "latency_p50_ms": p50,
         "latency_p99_ms": p99,
@@ -182,7 +183,8 @@ def main() -> None:
         f"{lat['latency_samples']:.0f} records: p50 {lat['latency_p50_ms']:.0f} ms, "
         f"p99 {lat['latency_p99_ms']:.0f} ms, max {lat['latency_max_ms']:.0f} ms "
         f"(target p99 <= 1500 ms); after the first {args.latency_warmup_s:g} s: "
-        f"p50 {lat['latency_steady_p50_ms']:.0f} ms, p99 {lat['latency_steady_p99_ms']:.0f} ms"
+        f"p50 {lat['latency_steady_p50_ms']:.0f} ms, p99 {lat['latency_steady_p99_ms']:.0f} ms; "
+        f"caught up {lat['latency_drain_s']:.2f} s after the last send"
     )
     figures["wall_s"] = time.perf_counter() - began
     if args.json:

@@ -12,9 +12,8 @@ Input (``limits.wordcount_bodies``): ``--lines`` lines of 8 words from a
   it, and its ratio to the baseline (target >= 25 %);
 - live: the same input sent (``BatchProducer.send_all``, back to back) while the
   instance runs; lines/s from the first send to the last batch, and its ratio;
-- the shuffle traffic of each (messages, entries: lines' words or pre-combined
-  partials; pre-shuffle combine only applies to input newer than the instance's
-  start, so pre-produced input goes uncombined);
+- the shuffle traffic of each (messages, and entries: words, or pre-combined
+  partials where the engine pre-combines);
 - end-to-end latency p50/p99 at half the best of those two rates: messages sent
   at that steady pace for ``--latency-seconds``, each with a unique marker word;
   latency = store time of the marker's first count - send time of its message
@@ -114,6 +113,7 @@ def latency(
         "latency_target_lines_per_s": lines_per_s,
         "latency_sent_lines_per_s": sent.msgs_per_s * args.lines_per_message,
         "latency_engine_lines_per_s": run.records_per_s,
+        "latency_drain_s": run.seconds - sent.seconds,
         "latency_samples": float(len(lat)),
         "latency_p50_ms": p50,
         "latency_p99_ms": p99,
@@ -219,7 +219,8 @@ def main() -> None:
         f"markers: p50 {lat['latency_p50_ms']:.0f} ms, p99 {lat['latency_p99_ms']:.0f} ms, "
         f"max {lat['latency_max_ms']:.0f} ms (target p99 <= 1500 ms); after the first "
         f"{args.latency_warmup_s:g} s: p50 {lat['latency_steady_p50_ms']:.0f} ms, "
-        f"p99 {lat['latency_steady_p99_ms']:.0f} ms"
+        f"p99 {lat['latency_steady_p99_ms']:.0f} ms; caught up "
+        f"{lat['latency_drain_s']:.2f} s after the last send"
     )
     figures["wall_s"] = time.perf_counter() - began
     if args.json:
