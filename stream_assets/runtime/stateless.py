@@ -104,11 +104,11 @@ def run_source_batch(
                     raise UserFunctionError(key_op, exc) from exc
                 keyed.append((key, key_bytes, target, v, ts, packed))
             if agg is not None:
-                if combine and agg.window is not None:
-                    _check_progress(agg, keyed, progress, per_record_only)
                 # Also without combining: an aggregate that cannot take a value
                 # fails here, where the dead letter still has the original bytes.
                 _fold(agg, keyed, combined if combine else None)
+                if combine and agg.window is not None:
+                    _check_progress(agg, keyed, progress, per_record_only)
         except UserFunctionError as err:
             dead_letter(ctx, sender, stats, record, err.op_id, err.cause)
             continue
