@@ -187,6 +187,7 @@ class Instance:
             .option("settings_file", self._settings_file)
             .option("max_records_per_batch", str(self.engine.max_records_per_batch))
             .option("broker_outage_s", str(self.engine.broker_outage_s))
+            .option("partitions", str(self._spark.sparkContext.defaultParallelism))
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))

@@ -75,6 +75,19 @@ class QueueRange(InputPartition):
 
 
 @dataclass(frozen=True)
+class QueueRanges(InputPartition):
+    """Several queues' slices, run one after another by one Spark task.
+
+    A Spark task costs tens of milliseconds however little it does (scheduling,
+    a Python worker handshake, Arrow setup); at one task per queue that was
+    most of a small micro-batch. Grouping into about as many tasks as there
+    are task slots keeps every slot busy at a fraction of the cost.
+    """
+
+    ranges: tuple[QueueRange, ...]
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     """The source's options, parsed and checked once."""
 
@@ -90,6 +103,8 @@ class SourceOptions:
     #: Where the planner records each batch's end before the batch runs (see
     #: planned_group() in runtime/instance.py); None: not recorded.
     planned_group: str | None = None
+    #: At most this many Spark tasks per micro-batch (0: one per queue).
+    partitions: int = 0
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -110,6 +125,7 @@ class SourceOptions:
             origin_topic=options.get("origin_topic") or None,
             idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
             planned_group=options.get("planned_group") or None,
+            partitions=int(options.get("partitions", "0")),
         )
 
     def settings(self) -> RocketMQSettings:
@@ -254,20 +270,24 @@ class RocketMQStreamReader(DataSourceStreamReader):
                 idle.append(queue.queue_id)
         return idle
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRange]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRanges]:
         ticked = end.get("tick", 0) != start.get("tick", 0)
         idle = tuple(end.get("idle", ()))
-        parts = []
+        ranges = []
         for queue in self._queues:
             key = self._key(queue)
             lo, hi = int(start["q"].get(key, 0)), int(end["q"][key])
             if hi > lo or ticked:
-                parts.append(QueueRange(queue.queue_id, lo, hi, idle))
-        return parts
+                ranges.append(QueueRange(queue.queue_id, lo, hi, idle))
+        # Largest first, dealt round-robin: the tasks get similar amounts of work.
+        ranges.sort(key=lambda r: r.end - r.start, reverse=True)
+        tasks = min(len(ranges), self.opts.partitions or len(ranges))
+        return [QueueRanges(tuple(ranges[i::tasks])) for i in range(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, QueueRange)
-        yield (partition.queue_id, partition.start, partition.end, list(partition.idle))
+        assert isinstance(partition, QueueRanges)
+        for r in partition.ranges:
+            yield (r.queue_id, r.start, r.end, list(r.idle))
 
     def commit(self, end: dict[str, Any]) -> None:
         # Offsets are committed by whoever consumes the batch, once its work is
