@@ -177,6 +177,12 @@ class EngineSettings(BaseSettings):
     spark_conf: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark conf (JSON object in the env)."
     )
+    driver_memory: str = Field(
+        default="512m",
+        description="Heap of the Spark driver JVM (in local mode it runs the tasks' JVM side "
+        "too, which only moves small range and stats rows); applies when the instance starts "
+        "the JVM. A 'spark.driver.memory' in spark_conf wins.",
+    )
     state_dir: Path | None = Field(
         default=None,
         description="RocksDB root. Default: on each executor, under Spark's local directory "

@@ -137,6 +137,7 @@ class Instance:
             .config("spark.sql.streaming.stopTimeout", "60s")
             # Streaming queries cannot use it; left on, Spark warns once per query.
             .config("spark.sql.adaptive.enabled", "false")
+            .config("spark.driver.memory", self.engine.driver_memory)
         )
         for key, value in self.engine.spark_conf.items():
             builder = builder.config(key, value)

@@ -47,8 +47,11 @@ _WHOLE_OFFSET = 2**31 - 1
 
 #: (key bytes, window start, window end): one pre-combined entry of a shuffle queue.
 EntryKey = tuple[bytes, Any, Any]
-#: One keyed element: (key, key bytes, shuffle queue, value, ts, packed record).
-Keyed = tuple[Any, bytes, int, Any, int, bytes]
+#: A per-record shuffle entry: packed, or (key, value, ts, offset, sub) still to pack.
+Packable = bytes | tuple[Any, Any, int, int, int]
+#: One keyed element: (key, key bytes, shuffle queue, value, ts, entry).
+Keyed = tuple[Any, bytes, int, Any, int, Packable]
+_INT64, _UINT64 = -(2**63), 2**64
 _NO_WINDOW: tuple[None] = (None,)
 
 
@@ -72,7 +75,7 @@ def run_source_batch(
     combine = (
         ctx.may_combine(queue_id, start) and stage.combine and agg is not None and not _merging(agg)
     )
-    per_record: dict[int, list[tuple[bytes, int]]] = defaultdict(list)  # (packed, offset)
+    per_record: dict[int, list[tuple[Packable, int]]] = defaultdict(list)  # (entry, offset)
     combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
     combined_records: dict[int, int] = defaultdict(int)  # keyed records bound for each queue
     last_offset = start - 1
@@ -99,7 +102,14 @@ def run_source_batch(
                 try:
                     key = key_fn(v)
                     key_bytes, target = router.route(key)
-                    packed = pack_record(key, v, ts, offset, sub)
+                    # Packed now unless it is certain to pack later: combined
+                    # batches rarely send records, and whether a value is a dead
+                    # letter must not depend on how its batch went.
+                    packed: Packable = (
+                        (key, v, ts, offset, sub)
+                        if combine and _always_packs(v) and _INT64 <= ts < _UINT64
+                        else pack_record(key, v, ts, offset, sub)
+                    )
                 except Exception as exc:
                     raise UserFunctionError(key_op, exc) from exc
                 keyed.append((key, key_bytes, target, v, ts, packed))
@@ -136,7 +146,7 @@ def run_source_batch(
                 stats.shuffle_records += len(combined[target])
             else:
                 stats.shuffle_records += len(per_record[target])
-                for chunk, last in _chunks(per_record[target]):
+                for chunk, last in _chunks(_packed(per_record[target])):
                     _send(ctx, sender, stats, target, records_body(queue_id, chunk), queue_id, last)
     outputs.flush()
     sender.flush()  # everything durable before the driver commits the offsets
@@ -244,6 +254,20 @@ def _fold(
             else:
                 slots[entry_key] = before
         raise UserFunctionError(agg.op_id, exc) from exc
+
+
+def _always_packs(value: Any) -> bool:
+    """True for values msgpack encodes whatever they hold (checked in O(1))."""
+    kind = type(value)
+    if kind is str:
+        return bool(value.isascii())  # no lone surrogates
+    if kind is int:
+        return bool(_INT64 <= value < _UINT64)
+    return kind is float or kind is bool or kind is bytes or value is None
+
+
+def _packed(entries: list[tuple[Packable, int]]) -> list[tuple[bytes, int]]:
+    return [(e if isinstance(e, bytes) else pack_record(*e), off) for e, off in entries]
 
 
 def _chunks(recs: list[tuple[bytes, int]]) -> list[tuple[list[bytes], int]]:
