@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from stream_assets.state.store import QueueStateStore
 
 #: How often the watcher looks for release requests.
 _WATCH_S = 0.02
+#: A release request older than this has nobody waiting on it any more.
+_STALE_REQUEST_S = 5.0
 
 
 @dataclass
@@ -82,7 +85,7 @@ class StoreHandles:
         finally:
             with self._lock:
                 handle.busy = False
-                if not ok or handle.store.release_request.exists():
+                if not ok or _requested(handle.store):
                     handle.store.close()
                     del self._handles[handle.store.path]
 
@@ -113,7 +116,7 @@ class StoreHandles:
         while not self._stop.wait(self.watch_s):
             with self._lock:
                 for path, handle in list(self._handles.items()):
-                    if not handle.busy and handle.store.release_request.exists():
+                    if not handle.busy and _requested(handle.store):
                         handle.store.close()
                         del self._handles[path]
 
@@ -125,6 +128,23 @@ class StoreHandles:
             self._lock = threading.Lock()
             self._handles = {}
             self._watcher = None
+
+
+def _requested(store: QueueStateStore) -> bool:
+    """Whether another process is waiting for ``store`` now.
+
+    A waiting opener touches the request at least every 0.1 s; one untouched
+    for longer than ``_STALE_REQUEST_S`` was left by an opener that gave up or
+    died, and is removed, or every batch would close and reopen the store.
+    """
+    try:
+        age = time.time() - store.release_request.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > _STALE_REQUEST_S:
+        store.release_request.unlink(missing_ok=True)
+        return False
+    return True
 
 
 #: The process-wide handles.

@@ -131,6 +131,7 @@ class QueueStateStore:
                         f"state store {self.path} is open in another process"
                     ) from exc
                 if time.monotonic() >= deadline:
+                    self.release_request.unlink(missing_ok=True)  # nobody waits any more
                     raise StateLockedError(
                         f"state store {self.path} is held by another process and was not "
                         f"released within {wait_s:.0f}s; stop whatever still runs this queue "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,21 @@ def test_a_store_wiped_while_kept_open_is_reopened_from_disk(tmp_path: Path) -> 
     handles.close_all()
     with QueueStateStore(tmp_path, "job", "op", 1) as reopened:
         assert dict(reopened.items()) == {b"b": b"2"}
+
+
+def test_a_stale_release_request_is_removed_and_the_store_stays_open(tmp_path: Path) -> None:
+    handles = StoreHandles(watch_s=3600)  # only the end of a batch looks at requests here
+    with handles.use(tmp_path, "job", "op", 1) as store:
+        pass
+    # Left by an opener that died long ago: nobody waits on it.
+    store.release_request.touch()
+    old = time.time() - 60
+    os.utime(store.release_request, (old, old))
+    with handles.use(tmp_path, "job", "op", 1) as again:
+        assert again is store
+    assert handles.open_count() == 1 and not store.release_request.exists()
+    # A fresh request is honoured: the store is handed back after its batch.
+    store.release_request.touch()
+    with handles.use(tmp_path, "job", "op", 1):
+        pass
+    assert handles.open_count() == 0
