@@ -2,6 +2,7 @@
 # The README's two commands live here:
 #   bash infra/dev.sh main   set everything up, start the local broker, run the main job
 #   bash infra/dev.sh test   set everything up, run the checks and the whole test suite
+#   bash infra/dev.sh bench wordcount   set up, start the broker, run one benchmark
 # Setup is idempotent: system packages (Java 17, Maven) only if missing, a
 # project-local virtualenv in .venv, the project installed editable into it.
 set -euo pipefail
@@ -73,10 +74,21 @@ case "${1:-}" in
     log "mypy"; mypy
     log "pytest"; pytest -q -p no:cacheprovider "${@:2}"
     ;;
+  bench)
+    # One command per benchmark from a fresh clone: set up, start the local
+    # broker, run benchmarks/<name>.py with the remaining arguments.
+    name=${2:-}
+    [ -f "benchmarks/$name.py" ] || {
+      log "usage: bash infra/dev.sh bench <name> [args]; names: $(cd benchmarks && ls [a-z]*.py | sed 's/\.py$//' | tr '\n' ' ')"
+      exit 2; }
+    setup
+    stream-assets broker start
+    python "benchmarks/$name.py" "${@:3}"
+    ;;
   setup)
     setup
     ;;
   *)
-    echo "usage: bash infra/dev.sh main|test|setup" >&2; exit 2
+    echo "usage: bash infra/dev.sh main|test|bench <name>|setup" >&2; exit 2
     ;;
 esac
