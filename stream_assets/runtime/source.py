@@ -279,10 +279,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
             lo, hi = int(start["q"].get(key, 0)), int(end["q"][key])
             if hi > lo or ticked:
                 ranges.append(QueueRange(queue.queue_id, lo, hi, idle))
-        # Largest first, dealt round-robin: the tasks get similar amounts of work.
-        ranges.sort(key=lambda r: r.end - r.start, reverse=True)
-        tasks = min(len(ranges), self.opts.partitions or len(ranges))
-        return [QueueRanges(tuple(ranges[i::tasks])) for i in range(tasks)]
+        return group_ranges(ranges, self.opts.partitions)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, QueueRanges)
@@ -297,6 +294,20 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     def stop(self) -> None:
         self._admin.close()
+
+
+def group_ranges(ranges: list[QueueRange], tasks: int) -> list[QueueRanges]:
+    """At most ``tasks`` partitions (0: one per range) holding every range once.
+
+    Largest ranges first, dealt round-robin, so the tasks get similar work.
+
+    >>> parts = group_ranges([QueueRange(q, 0, n) for q, n in enumerate([5, 90, 40, 10])], 2)
+    >>> [[r.queue_id for r in p.ranges] for p in parts]
+    [[1, 3], [2, 0]]
+    """
+    ordered = sorted(ranges, key=lambda r: r.end - r.start, reverse=True)
+    count = min(len(ordered), tasks or len(ordered))
+    return [QueueRanges(tuple(ordered[i::count])) for i in range(count)]
 
 
 def _cap(
