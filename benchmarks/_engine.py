@@ -216,6 +216,37 @@ def percentiles(values: Sequence[float]) -> tuple[float, float]:
     return cuts[49], cuts[98]
 
 
+def latency_summary(samples: Sequence[tuple[int, float]], warmup_s: float) -> dict[str, float]:
+    """p50/p99/max of ``(born_ms, latency_ms)`` samples, overall and after ``warmup_s``."""
+    values = [lat for _, lat in samples]
+    first = min(born for born, _ in samples)
+    steady = [lat for born, lat in samples if born - first >= warmup_s * 1000]
+    p50, p99 = percentiles(values)
+    s50, s99 = percentiles(steady) if len(steady) >= 2 else (float("nan"), float("nan"))
+    return {
+        "latency_samples": float(len(values)),
+        "latency_p50_ms": p50,
+        "latency_p99_ms": p99,
+        "latency_max_ms": float(max(values)),
+        "latency_steady_p50_ms": s50,
+        "latency_steady_p99_ms": s99,
+    }
+
+
+def latency_text(
+    lat: dict[str, float], target: float, sent: float, unit: str, noun: str, warmup_s: float
+) -> str:
+    """The benchmarks' one-line report of :func:`latency_summary` plus the drain time."""
+    return (
+        f"latency at half the max ({target:.0f} {unit}/s target, {sent:.0f} sent) over "
+        f"{lat['latency_samples']:.0f} {noun}: p50 {lat['latency_p50_ms']:.0f} ms, "
+        f"p99 {lat['latency_p99_ms']:.0f} ms, max {lat['latency_max_ms']:.0f} ms "
+        f"(target p99 <= 1500 ms); after the first {warmup_s:g} s: "
+        f"p50 {lat['latency_steady_p50_ms']:.0f} ms, p99 {lat['latency_steady_p99_ms']:.0f} ms; "
+        f"caught up {lat['latency_drain_s']:.2f} s after the last send"
+    )
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """``--trigger-ms`` and ``--max-records-per-batch`` (default: EngineSettings, env included)."""
     defaults = EngineSettings()

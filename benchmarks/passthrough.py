@@ -36,7 +36,8 @@ from benchmarks._engine import (
     create_topic,
     engine_from,
     knobs,
-    percentiles,
+    latency_summary,
+    latency_text,
     read_all,
     run_instance,
     run_live,
@@ -81,9 +82,7 @@ def latency(
         records_per_s,
     )
     born = sent.born_at()
-    first = sent.born_ms[0]
-    lat: list[float] = []
-    steady: list[float] = []
+    samples: list[tuple[int, float]] = []
     seen: set[tuple[int, int]] = set()
     for r in read_all(settings, f"{job}-out"):
         # key: job/op/<topic>/<queue>/<offset>/<n>
@@ -92,25 +91,15 @@ def latency(
         if origin in seen:  # a replayed batch's copy
             continue
         seen.add(origin)
-        value = float(r.store_timestamp - born[origin])
-        lat.append(value)
-        if born[origin] - first >= args.latency_warmup_s * 1000:
-            steady.append(value)
-    if len(lat) != count:
-        print(f"warning: {len(lat)} of {count} records reached the sink", file=sys.stderr)
-    p50, p99 = percentiles(lat)
-    s50, s99 = percentiles(steady) if len(steady) >= 2 else (float("nan"), float("nan"))
+        samples.append((born[origin], float(r.store_timestamp - born[origin])))
+    if len(samples) != count:
+        print(f"warning: {len(samples)} of {count} records reached the sink", file=sys.stderr)
     return {
         "latency_target_records_per_s": records_per_s,
         "latency_sent_records_per_s": sent.msgs_per_s,
         "latency_engine_records_per_s": run.records_per_s,
         "latency_drain_s": run.seconds - sent.seconds,
-        "latency_samples": float(len(lat)),
-        "latency_p50_ms": p50,
-        "latency_p99_ms": p99,
-        "latency_max_ms": max(lat),
-        "latency_steady_p50_ms": s50,
-        "latency_steady_p99_ms": s99,
+        **latency_summary(samples, args.latency_warmup_s),
     }
 
 
@@ -178,13 +167,14 @@ def main() -> None:
     lat = latency(settings, args, engine, best / 2)
     figures.update(lat)
     say(
-        f"latency at half the max ({lat['latency_target_records_per_s']:.0f} records/s "
-        f"target, {lat['latency_sent_records_per_s']:.0f} sent) over "
-        f"{lat['latency_samples']:.0f} records: p50 {lat['latency_p50_ms']:.0f} ms, "
-        f"p99 {lat['latency_p99_ms']:.0f} ms, max {lat['latency_max_ms']:.0f} ms "
-        f"(target p99 <= 1500 ms); after the first {args.latency_warmup_s:g} s: "
-        f"p50 {lat['latency_steady_p50_ms']:.0f} ms, p99 {lat['latency_steady_p99_ms']:.0f} ms; "
-        f"caught up {lat['latency_drain_s']:.2f} s after the last send"
+        latency_text(
+            lat,
+            lat["latency_target_records_per_s"],
+            lat["latency_sent_records_per_s"],
+            "records",
+            "records",
+            args.latency_warmup_s,
+        )
     )
     figures["wall_s"] = time.perf_counter() - began
     if args.json:

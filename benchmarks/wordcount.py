@@ -41,7 +41,8 @@ from benchmarks._engine import (
     create_topic,
     engine_from,
     knobs,
-    percentiles,
+    latency_summary,
+    latency_text,
     read_all,
     run_instance,
     run_live,
@@ -100,26 +101,13 @@ def latency(
             first_seen[i] = min(first_seen.get(i, r.store_timestamp), r.store_timestamp)
     if len(first_seen) != count:
         print(f"warning: {len(first_seen)} of {count} markers counted", file=sys.stderr)
-    lat = [first_seen[i] - sent.born_ms[i] for i in sorted(first_seen)]
-    p50, p99 = percentiles(lat)
-    skip_ms = args.latency_warmup_s * 1000
-    steady = [
-        first_seen[i] - sent.born_ms[i]
-        for i in sorted(first_seen)
-        if sent.born_ms[i] - sent.born_ms[0] >= skip_ms
-    ]
-    s50, s99 = percentiles(steady) if len(steady) >= 2 else (float("nan"), float("nan"))
+    samples = [(sent.born_ms[i], float(first_seen[i] - sent.born_ms[i])) for i in first_seen]
     return {
         "latency_target_lines_per_s": lines_per_s,
         "latency_sent_lines_per_s": sent.msgs_per_s * args.lines_per_message,
         "latency_engine_lines_per_s": run.records_per_s,
         "latency_drain_s": run.seconds - sent.seconds,
-        "latency_samples": float(len(lat)),
-        "latency_p50_ms": p50,
-        "latency_p99_ms": p99,
-        "latency_max_ms": float(max(lat)),
-        "latency_steady_p50_ms": s50,
-        "latency_steady_p99_ms": s99,
+        **latency_summary(samples, args.latency_warmup_s),
     }
 
 
@@ -214,13 +202,14 @@ def main() -> None:
     lat = latency(settings, args, engine, best / 2)
     figures.update(lat)
     say(
-        f"latency at half the max ({lat['latency_target_lines_per_s']:.0f} lines/s target, "
-        f"{lat['latency_sent_lines_per_s']:.0f} sent) over {lat['latency_samples']:.0f} "
-        f"markers: p50 {lat['latency_p50_ms']:.0f} ms, p99 {lat['latency_p99_ms']:.0f} ms, "
-        f"max {lat['latency_max_ms']:.0f} ms (target p99 <= 1500 ms); after the first "
-        f"{args.latency_warmup_s:g} s: p50 {lat['latency_steady_p50_ms']:.0f} ms, "
-        f"p99 {lat['latency_steady_p99_ms']:.0f} ms; caught up "
-        f"{lat['latency_drain_s']:.2f} s after the last send"
+        latency_text(
+            lat,
+            lat["latency_target_lines_per_s"],
+            lat["latency_sent_lines_per_s"],
+            "lines",
+            "markers",
+            args.latency_warmup_s,
+        )
     )
     figures["wall_s"] = time.perf_counter() - began
     if args.json:

@@ -64,10 +64,10 @@ from typing import Any, cast
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.errors import MessageTooLargeError, RocketMQError
-from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
-from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt
+from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.shuffle_codec import encode_key
@@ -252,24 +252,14 @@ class InMemoryBroker:
     ) -> Record:
         """:meth:`send` with an explicit born timestamp (default ``clock``); the stored record."""
         target = self.topic(topic)
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"message body must be bytes, got {type(body).__name__}")
-        body = bytes(body)
-        if not body:
-            raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
-        if len(body) > self.max_message_size:
-            raise MessageTooLargeError(topic, len(body), self.max_message_size)
-        count = target.queue_count
-        if queue_id is not None:
-            if not 0 <= queue_id < count:
-                raise ValueError(f"queue_id {queue_id} is outside topic {topic!r}'s {count} queues")
-            chosen = queue_id
-        elif (chooser := route_key if route_key is not None else key) is not None:
-            chosen = queue_for_key(chooser, count)
-        else:
-            turn = self._round_robin.get(topic, 0)
-            self._round_robin[topic] = turn + 1
-            chosen = turn % count
+        body = checked_body(topic, body, self.max_message_size)
+
+        def turn() -> int:
+            self._round_robin[topic] = self._round_robin.get(topic, 0) + 1
+            return self._round_robin[topic] - 1
+
+        chooser = route_key if route_key is not None else key
+        chosen = choose_queue(topic, target.queue_count, queue_id, chooser, turn)
         ts = self.clock if timestamp is None else timestamp
         offset = target.end(chosen)
         record = Record(

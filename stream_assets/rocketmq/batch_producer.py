@@ -55,7 +55,7 @@ from stream_assets.rocketmq.errors import (
     RocketMQError,
     SendError,
 )
-from stream_assets.rocketmq.hashing import key_hash
+from stream_assets.rocketmq.hashing import choose_queue
 from stream_assets.rocketmq.message_codec import (
     MAX_PROPERTIES_BYTES,
     NAME_VALUE_SEPARATOR,
@@ -66,7 +66,7 @@ from stream_assets.rocketmq.message_codec import (
     encode_entry,
     encode_properties,
 )
-from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
+from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt, checked_body
 from stream_assets.rocketmq.remoting import ConnectionPool, RemotingCommand, RequestCode
 from stream_assets.settings import RocketMQSettings
 
@@ -177,7 +177,7 @@ class BatchProducer:
         self.max_request_messages = max_request_messages
         self._routes: dict[str, tuple[TopicRoute, list[_Slot]]] = {}
         self._routes_lock = threading.Lock()
-        self._round_robin = itertools.count()
+        self._turn = itertools.count().__next__  # round-robin
         # Unique ids: per producer, the pid and 8 random bytes; per message, a
         # counter. 32 hex digits like the Java client's ids; the broker only
         # stores them (for the index and for consumers).
@@ -293,14 +293,7 @@ class BatchProducer:
         queues: dict[tuple[str, int], deque[_Request]] = {}
         for position, m in enumerate(messages):
             topic, body, key, tags = m.topic, m.body, m.key, m.tags
-            if type(body) is not bytes:
-                if not isinstance(body, bytearray | memoryview):
-                    raise TypeError(f"message body must be bytes, got {type(body).__name__}")
-                body = bytes(body)
-            if not body:
-                raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
-            if len(body) > body_limit:
-                raise MessageTooLargeError(topic, len(body), body_limit)
+            body = checked_body(topic, body, body_limit)
             slots = slots_of.get(topic)
             if slots is None:
                 slots = slots_of[topic] = self._route(topic)[1]
@@ -351,16 +344,8 @@ class BatchProducer:
         return queues
 
     def _queue_index(self, m: OutgoingMessage, queue_count: int) -> int:
-        if m.queue_id is not None:
-            if not 0 <= m.queue_id < queue_count:
-                raise ValueError(
-                    f"queue_id {m.queue_id} is outside topic {m.topic!r}'s {queue_count} queues"
-                )
-            return m.queue_id
         route_key = m.route_key if m.route_key is not None else m.key
-        if route_key is not None:
-            return key_hash(route_key) % queue_count
-        return next(self._round_robin) % queue_count
+        return choose_queue(m.topic, queue_count, m.queue_id, route_key, self._turn)
 
     def _send_wave(self, pool: ConnectionPool, heads: list[_Request]) -> list[RemotingCommand]:
         """Send ``heads`` (one request per queue) until each is stored; replies in order."""

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 
 def key_hash(key: str | bytes) -> int:
@@ -27,3 +28,29 @@ def queue_for_key(key: str | bytes, queue_count: int) -> int:
     if queue_count <= 0:
         raise ValueError(f"queue_count must be positive, got {queue_count}")
     return key_hash(key) % queue_count
+
+
+def choose_queue(
+    topic: str,
+    queue_count: int,
+    queue_id: int | None = None,
+    route_key: str | bytes | None = None,
+    turn: Callable[[], int] | None = None,
+) -> int:
+    """The queue of one message: ``queue_id``, else the stable hash of ``route_key``,
+    else the next ``turn()`` (round-robin). Every sender of the project picks so.
+
+    >>> choose_queue("t", 8, queue_id=3), choose_queue("t", 8, route_key="user-42")
+    (3, 7)
+    """
+    if queue_id is not None:
+        if not 0 <= queue_id < queue_count:
+            raise ValueError(
+                f"queue_id {queue_id} is outside topic {topic!r}'s {queue_count} queues"
+            )
+        return queue_id
+    if route_key is not None:
+        return key_hash(route_key) % queue_count
+    if turn is None:
+        raise ValueError(f"message for topic {topic!r}: no queue_id, key or round-robin turn")
+    return turn() % queue_count

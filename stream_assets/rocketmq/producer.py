@@ -37,10 +37,10 @@ from tenacity import (
 )
 
 from stream_assets.rocketmq.admin import RocketMQAdmin, TopicRoute, validate_topic_name
-from stream_assets.rocketmq.errors import MessageTooLargeError, RocketMQError, SendError
-from stream_assets.rocketmq.hashing import key_hash
+from stream_assets.rocketmq.errors import RocketMQError, SendError
+from stream_assets.rocketmq.hashing import choose_queue
 from stream_assets.rocketmq.message_codec import normalize_msg_id
-from stream_assets.rocketmq.records import SendReceipt
+from stream_assets.rocketmq.records import SendReceipt, checked_body
 from stream_assets.settings import RocketMQSettings
 
 _LOG_LEVEL_WARN = 3
@@ -162,24 +162,12 @@ class Producer:
         """
         if self._client is None:
             raise RocketMQError("producer is not started; call start() or use it as a context")
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(f"message body must be bytes, got {type(body).__name__}")
-        body = bytes(body)
-        if not body:
-            raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
-        if len(body) > self.settings.max_message_size:
-            raise MessageTooLargeError(topic, len(body), self.settings.max_message_size)
+        body = checked_body(topic, body, self.settings.max_message_size)
         queue_count = self.route(topic).write_queue_count
-        if queue_id is not None:
-            if not 0 <= queue_id < queue_count:
-                raise ValueError(
-                    f"queue_id {queue_id} is outside topic {topic!r}'s {queue_count} queues"
-                )
-            selector_arg = queue_id
-        elif key is not None:
-            selector_arg = key_hash(key)
-        else:
-            selector_arg = next(self._round_robin) % queue_count
+        # The selector callback is handed the chosen queue index.
+        selector_arg = choose_queue(
+            topic, queue_count, queue_id, key, lambda: next(self._round_robin)
+        )
         msg = rmq.Message(topic)
         dll.SetByteMessageBody(msg._handle, body, len(body))
         if key is not None:

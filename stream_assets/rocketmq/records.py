@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stream_assets.rocketmq.errors import MessageTooLargeError
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -69,3 +71,20 @@ class OutgoingMessage:
     properties: dict[str, str] | None = None
     queue_id: int | None = None
     route_key: str | None = None
+
+
+def checked_body(topic: str, body: object, max_size: int) -> bytes:
+    """``body`` as bytes, or the error every sender of the project raises for it.
+
+    >>> checked_body("t", bytearray(b"x"), 10)
+    b'x'
+    """
+    if type(body) is not bytes:
+        if not isinstance(body, bytearray | memoryview):
+            raise TypeError(f"message body must be bytes, got {type(body).__name__}")
+        body = bytes(body)
+    if not body:
+        raise ValueError(f"message for topic {topic!r}: RocketMQ rejects an empty body")
+    if len(body) > max_size:
+        raise MessageTooLargeError(topic, len(body), max_size)
+    return body

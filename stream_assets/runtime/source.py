@@ -65,7 +65,7 @@ RANGE_SCHEMA = StructType(
 
 
 @dataclass(frozen=True)
-class QueueRange(InputPartition):
+class QueueRange:
     """One queue's slice of a micro-batch, and the source queues idle when it was planned."""
 
     queue_id: int

@@ -52,7 +52,6 @@ class StoreHandles:
         self._handles: dict[Path, _Handle] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -113,7 +112,8 @@ class StoreHandles:
     def _watch(self) -> None:
         # Polls: a release request is a file another process writes; the
         # pure-Python options to be woken by it (inotify) are not portable.
-        while not self._stop.wait(self.watch_s):
+        while True:
+            time.sleep(self.watch_s)
             with self._lock:
                 for path, handle in list(self._handles.items()):
                     if not handle.busy and _requested(handle.store):

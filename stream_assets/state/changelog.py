@@ -98,12 +98,14 @@ class ChangelogWriter:
         """Store ``bodies``, which must land at offsets ``at``, ``at + 1``, ...; the end.
 
         One flush: the records go out batched and pipelined, and the receipts
-        prove where each one landed. The caller has flushed everything else it
-        queued, so the last ``len(bodies)`` receipts are these.
+        prove where each one landed. Whatever the caller queued before (outputs)
+        is flushed first, on its own: it must be durable before any state record
+        says the batch happened, and the receipts below are then these alone.
         """
+        self.sender.flush()
         for body in bodies:
             self.sender.send(self.state_topic, body, key=key, queue_id=self.queue_id)
-        receipts = self.sender.flush()[-len(bodies) :] if bodies else []
+        receipts = self.sender.flush()
         for expected, receipt in enumerate(receipts, start=at):
             if receipt.queue_id != self.queue_id:
                 raise StateError(
