@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stream_assets.plan import nodes as n
-from stream_assets.plan.topology import Stage, Topology
+from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
@@ -204,6 +204,7 @@ class InMemoryBroker:
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
         route_key: str | None = None,
+        tags: str | None = None,
     ) -> SendReceipt:
         """Store one message at once, as the producer would; returns where it was stored.
 
@@ -211,7 +212,13 @@ class InMemoryBroker:
         returns the receipts of the sends since the last flush.
         """
         record = self.append(
-            topic, body, key=key, queue_id=queue_id, properties=properties, route_key=route_key
+            topic,
+            body,
+            key=key,
+            queue_id=queue_id,
+            properties=properties,
+            route_key=route_key,
+            tags=tags,
         )
         receipt = SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
         self._unflushed.append(receipt)
@@ -233,6 +240,7 @@ class InMemoryBroker:
                 queue_id=m.queue_id,
                 properties=m.properties,
                 route_key=m.route_key,
+                tags=m.tags,
             )
             receipts.append(
                 SendReceipt(record.topic, record.queue_id, record.queue_offset, record.msg_id)
@@ -249,6 +257,7 @@ class InMemoryBroker:
         properties: Mapping[str, str] | None = None,
         timestamp: int | None = None,
         route_key: str | None = None,
+        tags: str | None = None,
     ) -> Record:
         """:meth:`send` with an explicit born timestamp (default ``clock``); the stored record."""
         target = self.topic(topic)
@@ -268,6 +277,7 @@ class InMemoryBroker:
             queue_offset=offset,
             body=body,
             keys=tuple(key.split(" ")) if key else (),
+            tags=tags,
             properties=dict(properties or {}),
             born_timestamp=ts,
             store_timestamp=ts,
@@ -312,9 +322,9 @@ class _StateTopicView:
 class TopologyTestDriver:
     """Runs ``topology`` on in-memory topics with the engine's real per-queue core.
 
-    - ``source_queues``: queues of the source topic (stage 0's parallelism;
-      every one of them holds a windowed stage's watermark until it has sent
-      a record or is declared idle, as in the engine);
+    - ``source_queues``: queues of each source topic (a source stage's
+      parallelism; every one of them holds a windowed stage's watermark until
+      it has sent a record or is declared idle, as in the engine);
     - ``shuffle_queues``: queues of the shuffle and state topics;
     - ``state_dir``: where the temporary RocksDB directory is created
       (default: the system's temporary directory); the directory the driver
@@ -381,7 +391,8 @@ class TopologyTestDriver:
             )
             for i in range(len(topology.stages))
         ]
-        self.broker.create_topic(topology.source_topic, source_queues)
+        for source in topology.source_topics:
+            self.broker.create_topic(source, source_queues)
         for name in (*topology.shuffle_topics, *topology.state_topics):
             self.broker.create_topic(name, shuffle_queues)
         for name in (*topology.sink_topics, *topology.late_topics):
@@ -394,7 +405,7 @@ class TopologyTestDriver:
             s.input_topic: [0] * self.broker.topic(s.input_topic).queue_count
             for s in topology.stages
         }
-        self._idle: set[int] = set()
+        self._idle: set[tuple[str, int]] = set()  # (source topic, queue)
         self._clock = 0
         self._stdout = io.StringIO()
         self._stores: dict[tuple[int, int], QueueStateStore] = {}
@@ -438,8 +449,11 @@ class TopologyTestDriver:
         event_time: int | None = None,
         queue: int | None = None,
         key: str | None = None,
+        topic: str | None = None,
+        tags: str | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> Record:
-        """Append one message to the source topic; returns the stored record.
+        """Append one message to source ``topic`` (default: the first); the stored record.
 
         The body is :func:`encode_input` of ``value`` (bytes as they are, a str
         as UTF-8, anything else as JSON). ``event_time`` (epoch ms) is the
@@ -448,9 +462,17 @@ class TopologyTestDriver:
         the last event time piped (0 before any): time stands still unless
         the test moves it. The queue is ``queue``, else the hash of ``key``
         (also stored as the message key), else round-robin. A queue that
-        receives a message is no longer idle.
+        receives a message is no longer idle. ``tags`` and ``properties``
+        are stored with the message (a user function sees them with
+        ``metadata=True``).
         """
         self._check_open()
+        name = topic or self.topology.source_topic
+        if name not in self.topology.source_topics:
+            raise ValueError(
+                f"{name!r} is not a source of {self.topology.job_id} "
+                f"(sources: {', '.join(self.topology.source_topics)})"
+            )
         body = encode_input(value)
         if event_time is not None:
             if isinstance(event_time, bool) or not isinstance(event_time, int):
@@ -458,9 +480,15 @@ class TopologyTestDriver:
             self._clock = event_time
             self.broker.clock = event_time
         record = self.broker.append(
-            self.topology.source_topic, body, key=key, queue_id=queue, timestamp=self._clock
+            name,
+            body,
+            key=key,
+            queue_id=queue,
+            timestamp=self._clock,
+            tags=tags,
+            properties=properties,
         )
-        self._idle.discard(record.queue_id)
+        self._idle.discard((name, record.queue_id))
         return record
 
     def pipe_many(
@@ -470,6 +498,7 @@ class TopologyTestDriver:
         event_time: int | Callable[[Any], int] | None = None,
         queue: int | None = None,
         key: str | Callable[[Any], str] | None = None,
+        topic: str | None = None,
     ) -> list[Record]:
         """:meth:`pipe` each value; ``event_time`` and ``key`` may be functions of the value.
 
@@ -485,7 +514,7 @@ class TopologyTestDriver:
         for value in values:
             ts = event_time(value) if callable(event_time) else event_time
             k = key(value) if callable(key) else key
-            records.append(self.pipe(value, event_time=ts, queue=queue, key=k))
+            records.append(self.pipe(value, event_time=ts, queue=queue, key=k, topic=topic))
         return records
 
     # -- processing --------------------------------------------------------
@@ -507,8 +536,11 @@ class TopologyTestDriver:
 
     run = advance
 
-    def advance_idle(self, queues: Iterable[int] | None = None) -> list[TaskStats]:
-        """Process what is pending, then declare source ``queues`` (default: all) idle.
+    def advance_idle(
+        self, queues: Iterable[int] | None = None, topic: str | None = None
+    ) -> list[TaskStats]:
+        """Process what is pending, then declare ``queues`` (default: all) of source
+        ``topic`` (default: every source) idle.
 
         As the engine does once a source queue's end offset has not moved for
         the idle timeout: the idle queues leave the watermark's minimum, and
@@ -523,9 +555,10 @@ class TopologyTestDriver:
         unknown = sorted(q for q in chosen if not 0 <= q < self.source_queues)
         if unknown:
             raise ValueError(f"source queues {unknown} do not exist ({self.source_queues} queues)")
+        topics = self.topology.source_topics if topic is None else (topic,)
         while self._round(tick=False):
             pass
-        self._idle |= chosen
+        self._idle |= {(t, q) for t in topics for q in chosen}
         self._round(tick=True)
         while self._round(tick=False):
             pass
@@ -555,10 +588,13 @@ class TopologyTestDriver:
             )
         for q in range(len(committed)) if queues is None else queues:
             committed[q] = min(committed[q], offset)
-        if name == self.topology.source_topic:
+        if name in self.topology.source_topics:
             source = self.broker.topic(name)
             ends = tuple((q, source.end(q)) for q in range(source.queue_count))
-            self._contexts = [dataclasses.replace(c, combine_from=ends) for c in self._contexts]
+            self._contexts = [
+                dataclasses.replace(c, combine_from=ends) if c.stage.input_topic == name else c
+                for c in self._contexts
+            ]
 
     def restore_state(self, queues: Iterable[int] | None = None) -> list[RestoreResult]:
         """Throw away the local RocksDB of stateful ``queues`` (default: all) and rebuild it
@@ -624,17 +660,21 @@ class TopologyTestDriver:
         """Lines written to stdout while the core ran (``print()`` operators, user prints)."""
         return self._stdout.getvalue().splitlines()
 
-    def state(self, key: Any, window: Window | None = None) -> Any:
-        """The current aggregate of ``key`` in the stateful stage's RocksDB.
+    def state(self, key: Any, window: Window | None = None, operator: str | None = None) -> Any:
+        """The current aggregate of ``key`` in the first aggregate's RocksDB (or ``operator``'s).
 
         Unwindowed: the result (a dict by alias) or None. Windowed: the key's
         open (not yet fired) windows as ``{Window: result}``, or with
         ``window`` that window's result or None.
         """
         self._check_open()
-        stages = self._stateful_stages()
+        stages = [
+            s
+            for s in self._stateful_stages()
+            if s.aggregate is not None and operator in (None, s.aggregate.op_id)
+        ]
         if not stages:
-            raise ValueError(f"{self.topology.job_id} has no stateful stage")
+            raise ValueError(f"{self.topology.job_id} has no aggregate {operator or ''}".strip())
         stage = stages[0]
         agg = stage.aggregate
         assert agg is not None
@@ -671,11 +711,22 @@ class TopologyTestDriver:
         cap = self.max_records_per_batch
         return end if cap is None else min(end, start + cap)
 
-    def _effective_idle(self) -> tuple[int, ...]:
-        """Declared-idle source queues that stage 0 has processed to their end."""
-        source = self.broker.topic(self.topology.source_topic)
-        done = self._committed[source.name]
-        return tuple(sorted(q for q in self._idle if done[q] >= source.end(q)))
+    def _effective_idle(self, stage: Stage) -> tuple[int, ...]:
+        """Origins of ``stage`` that are idle: declared-idle source queues processed to their
+        end; a keyed upstream's queue processed to its end whose own origins are all idle."""
+        idle: list[int] = []
+        for up in stage.upstreams:
+            upstream = self.topology.stages[up]
+            topic = self.broker.topic(upstream.input_topic)
+            done = self._committed[topic.name]
+            if upstream.source is not None:
+                queues = [q for t, q in self._idle if t == topic.name]
+            elif set(self._contexts[up].origins) <= set(self._effective_idle(upstream)):
+                queues = list(range(topic.queue_count))
+            else:
+                queues = []
+            idle.extend(origin_id(up, q) for q in queues if done[q] >= topic.end(q))
+        return tuple(sorted(idle))
 
     def _round(self, *, tick: bool) -> bool:
         """One batch per queue of every stage, in stage order; whether any had input."""
@@ -714,7 +765,7 @@ class TopologyTestDriver:
         ]
         # As the engine's source: idleness only in a batch reading every queue to its end.
         to_end = all(end == topic.end(q) for q, _start, end in ranges)
-        idle = self._effective_idle() if to_end else ()
+        idle = self._effective_idle(stage) if to_end else ()
         progressed = False
         for q, start, end in ranges:
             if end <= start and not tick:
@@ -734,9 +785,9 @@ class TopologyTestDriver:
     def _store(self, stage: Stage, queue_id: int) -> QueueStateStore:
         store = self._stores.get((stage.index, queue_id))
         if store is None:
-            assert stage.aggregate is not None
+            assert stage.head is not None
             store = QueueStateStore(
-                self.state_dir, self.topology.job_id, stage.aggregate.op_id, queue_id
+                self.state_dir, self.topology.job_id, stage.head.op_id, queue_id
             ).open()
             self._stores[(stage.index, queue_id)] = store
         return store

@@ -317,14 +317,17 @@ def changed_instances(old: Allocation | None, new: Allocation) -> set[int]:
 
 
 def topology_queues(
-    topology: Topology, source_queues: int | Sequence[int], shuffle_queues: int
+    topology: Topology,
+    source_queues: int | Sequence[int] | Mapping[str, Sequence[int]],
+    shuffle_queues: int,
 ) -> dict[str, list[int]]:
-    """The queues a topology's group allocates: its source topic and every shuffle topic.
+    """The queues a topology's group allocates: its source topics and every shuffle topic.
 
     State topics follow their shuffle queue (same id) and sinks are written,
-    not read, so neither is allocated. ``source_queues`` is the source topic's
-    queue count or its queue ids (from the broker's route); ``shuffle_queues``
-    is ``EngineSettings.shuffle_queues``.
+    not read, so neither is allocated. ``source_queues`` is, per source topic
+    (a mapping) or for every source topic, the queue count or the queue ids
+    (from the broker's route); ``shuffle_queues`` is
+    ``EngineSettings.shuffle_queues``.
 
     Example::
 
@@ -332,8 +335,12 @@ def topology_queues(
         >>> topology_queues(wordcount.build(), 2, 3)
         {'sourceTopic': [0, 1], 'wordcount__shuffle__key_by-2': [0, 1, 2]}
     """
-    ids = list(range(source_queues)) if isinstance(source_queues, int) else sorted(source_queues)
-    out = {topology.source_topic: ids}
+    out: dict[str, list[int]] = {}
+    for topic in topology.source_topics:
+        given = (
+            source_queues.get(topic, ()) if isinstance(source_queues, Mapping) else source_queues
+        )
+        out[topic] = list(range(given)) if isinstance(given, int) else sorted(given)
     for topic in topology.shuffle_topics:
         out[topic] = list(range(shuffle_queues))
     return out

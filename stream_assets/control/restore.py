@@ -58,7 +58,7 @@ def stateful_stages(topology: Topology) -> dict[str, Stage]:
         >>> {t: s.state_topic for t, s in stateful_stages(wordcount.build()).items()}
         {'wordcount__shuffle__key_by-2': 'wordcount__state__aggregate-3'}
     """
-    return {s.input_topic: s for s in topology.stages if s.aggregate is not None and s.state_topic}
+    return {s.input_topic: s for s in topology.stages if s.head is not None and s.state_topic}
 
 
 def restore_queues(
@@ -91,7 +91,7 @@ def restore_queues(
         stage = stages.get(topic)
         if stage is None:
             continue
-        assert stage.aggregate is not None and stage.state_topic is not None
+        assert stage.head is not None and stage.state_topic is not None
         state_topic = stage.state_topic
 
         def report(p: RestoreProgress, state_topic: str = state_topic) -> None:
@@ -101,7 +101,7 @@ def restore_queues(
                     f"{p.messages_total} messages, {p.keys_loaded} keys"
                 )
 
-        with QueueStateStore(state_root, topology.job_id, stage.aggregate.op_id, queue_id) as st:
+        with QueueStateStore(state_root, topology.job_id, stage.head.op_id, queue_id) as st:
             st.wipe()
             st.open()
             result = restore_queue(st, state_topic, queue_id, admin, reader, report)

@@ -38,14 +38,14 @@ from stream_assets.settings import EngineSettings
 class ProvisionedTopics:
     """What running a topology needs to know of its topics once they are provisioned.
 
-    ``broker_name`` is the broker the source topic lives on (the first by
-    name when it spans several): where stage queues are addressed and
-    consumer offsets committed. ``source_queues`` are the source topic's
-    readable queue ids, the queues stage 0 allocates.
+    ``broker_name`` is the broker the first source topic lives on (the first
+    by name when it spans several): where stage queues are addressed and
+    consumer offsets committed. ``source_queues`` are each source topic's
+    readable queue ids, the queues its source stage allocates.
     """
 
     broker_name: str
-    source_queues: tuple[int, ...]
+    source_queues: dict[str, tuple[int, ...]]
 
 
 class SourceTopicNotFoundError(TopicNotFoundError):
@@ -109,20 +109,23 @@ def provision_topics(
         >>> topology_queues(topology, topics.source_queues, engine.shuffle_queues)  # doctest: +SKIP
         {'sourceTopic': [0, 1, 2, 3], 'wordcount__shuffle__key_by-2': [0, 1, 2, 3, 4, 5, 6, 7]}
     """
-    try:
-        route = admin.route(topology.source_topic)
-    except TopicNotFoundError:
-        raise SourceTopicNotFoundError(
-            topology.source_topic, admin.settings.namesrv_addr, topology.job_id
-        ) from None
-    if not route.brokers:
-        raise RocketMQError(
-            f"source topic {topology.source_topic!r} has a route but no master broker serves "
-            "it; is the broker running and registered with the name server?"
-        )
+    routes = {}
+    for source in topology.source_topics:
+        try:
+            route = admin.route(source)
+        except TopicNotFoundError:
+            raise SourceTopicNotFoundError(
+                source, admin.settings.namesrv_addr, topology.job_id
+            ) from None
+        if not route.brokers:
+            raise RocketMQError(
+                f"source topic {source!r} has a route but no master broker serves "
+                "it; is the broker running and registered with the name server?"
+            )
+        routes[source] = route
     provisioned = ProvisionedTopics(
-        broker_name=sorted(route.brokers)[0],
-        source_queues=tuple(q.queue_id for q in route.read_queues),
+        broker_name=sorted(routes[topology.source_topic].brokers)[0],
+        source_queues={t: tuple(q.queue_id for q in r.read_queues) for t, r in routes.items()},
     )
     fixed = {*topology.shuffle_topics, *topology.state_topics}
     for topic, queues in topic_queue_counts(topology, engine).items():

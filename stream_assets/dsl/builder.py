@@ -41,6 +41,7 @@ from stream_assets.operators.aggregates import (
     Sum,
     field_or_fn,
 )
+from stream_assets.operators.joins import JoinCollect
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Topology, validate_name
 from stream_assets.serde import Deserializer, Serializer, json_serializer
@@ -48,7 +49,7 @@ from stream_assets.serde import Deserializer, Serializer, json_serializer
 _DEFAULT_IDLE_TIMEOUT_MS = 10_000
 
 
-def _callable(fn: Any, operator: str) -> Callable[[Any], Any]:
+def _callable(fn: Any, operator: str) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"{operator}: expected a callable, got {type(fn).__name__} {fn!r}")
     return fn  # type: ignore[no-any-return]
@@ -61,75 +62,151 @@ def _key_selector(selector: Any, operator: str) -> Callable[[Any], Any]:
 
 
 class StreamBuilder:
-    """Collects one topology's operators; ``build()`` compiles it into stages."""
+    """Collects one topology's operators; ``build()`` compiles it into stages.
+
+    Stream handles are immutable: every operator returns a new handle, and
+    using one handle twice branches the stream (both get every value).
+    """
 
     def __init__(self, job_id: str) -> None:
         self.job_id = validate_name(job_id, "job id")
         self._nodes: list[n.Node] = []
-        self._terminated = False
+        #: key_by(...) handles not (yet) followed by an aggregate: a mistake at build().
+        self._open_groups: list[GroupedStream] = []
 
     def _op_id(self, kind: str) -> str:
         return f"{kind}-{len(self._nodes)}"
 
-    def _add(self, node: n.Node) -> None:
-        if self._terminated:
-            raise ValueError(
-                f"{self.job_id}: {type(node).__name__.lower()} after a sink/print; a sink ends "
-                "the stream"
-            )
+    def _add(self, node: n.Node) -> str:
         self._nodes.append(node)
+        return node.op_id
 
     def source(self, topic: str, deserializer: Deserializer) -> RStream:
-        """Read ``topic``; ``deserializer`` turns each body (bytes) into a value."""
-        if self._nodes:
-            raise ValueError(f"{self.job_id}: one source per topology (already reading)")
+        """Read ``topic``; ``deserializer`` turns each body (bytes) into a value.
+
+        A topology may read several topics (one ``source`` each); combine
+        their streams with ``union`` or ``join``.
+        """
         validate_name(topic, "source topic")
-        self._add(n.Source(self._op_id("source"), topic, _callable(deserializer, "source")))
-        return RStream(self)
+        if any(isinstance(x, n.Source) and x.topic == topic for x in self._nodes):
+            raise ValueError(
+                f"{self.job_id}: {topic!r} is already a source; use its stream handle twice "
+                "to branch"
+            )
+        node = n.Source(self._op_id("source"), topic, _callable(deserializer, "source"))
+        return RStream(self, self._add(node))
+
+    def table(
+        self,
+        topic: str,
+        deserializer: Deserializer,
+        key: Callable[[Any], Any] | str,
+        timestamp: Callable[[Any], Any] | str | None = None,
+    ) -> Table:
+        """A table from ``topic``: the latest value per ``key`` (a field or function).
+
+        Each message is an update of its key; its event time is ``timestamp``
+        (a field or function) or the message's born time. Join a stream with
+        it: ``stream.join_table(table, key=...)``.
+        """
+        stream = self.source(topic, deserializer)
+        if timestamp is not None:
+            stream = stream.select_timestamp(timestamp)
+        return Table(stream, _key_selector(key, "table"))
 
     def build(self) -> Topology:
         """Compile into a :class:`Topology` (stages cut at every key_by)."""
         if not self._nodes:
             raise ValueError(f"{self.job_id}: the topology has no source")
+        if self._open_groups:
+            raise ValueError(
+                f"{self.job_id}: a key_by(...) is not followed by an aggregate "
+                "(count/sum/min/max/avg/aggregate) and to_rstream()"
+            )
         return Topology(self.job_id, tuple(self._nodes))
 
 
 class RStream:
-    """A stream of values."""
+    """A stream of values (an immutable handle: each operator returns a new one)."""
 
-    def __init__(self, builder: StreamBuilder, window: Any | None = None) -> None:
+    def __init__(self, builder: StreamBuilder, tail: str, window: Any | None = None) -> None:
         self._b = builder
+        self._tail = tail
         self._window = window
 
-    def _then(self, node: n.Node) -> RStream:
+    def _then(self, node_type: type[n.Node], kind: str, *args: Any, **kwargs: Any) -> RStream:
         if self._window is not None:
             raise ValueError(
-                f"{self._b.job_id}: window(...) must be followed by group_by/key_by, "
-                f"not {type(node).__name__.lower()}"
+                f"{self._b.job_id}: window(...) must be followed by group_by/key_by, not {kind}"
             )
-        self._b._add(node)
-        return RStream(self._b)
+        node = node_type(self._b._op_id(kind), *args, inputs=(self._tail,), **kwargs)
+        return RStream(self._b, self._b._add(node))
 
-    def map(self, fn: Callable[[Any], Any]) -> RStream:
-        """value -> fn(value)."""
-        return self._then(n.Map(self._b._op_id("map"), _callable(fn, "map")))
+    def map(self, fn: Callable[..., Any], *, metadata: bool = False) -> RStream:
+        """value -> fn(value); with ``metadata=True``, fn(value, Metadata)."""
+        return self._then(n.Map, "map", _callable(fn, "map"), metadata=metadata)
 
-    def flat_map(self, fn: Callable[[Any], Any]) -> RStream:
-        """value -> every item of the iterable fn(value)."""
-        return self._then(n.FlatMap(self._b._op_id("flat_map"), _callable(fn, "flat_map")))
+    def flat_map(self, fn: Callable[..., Any], *, metadata: bool = False) -> RStream:
+        """value -> every item of the iterable fn(value) (or fn(value, Metadata))."""
+        return self._then(n.FlatMap, "flat_map", _callable(fn, "flat_map"), metadata=metadata)
 
-    def filter(self, fn: Callable[[Any], Any]) -> RStream:
-        """Keep the values for which fn(value) is truthy."""
-        return self._then(n.Filter(self._b._op_id("filter"), _callable(fn, "filter")))
+    def filter(self, fn: Callable[..., Any], *, metadata: bool = False) -> RStream:
+        """Keep the values for which fn(value) (or fn(value, Metadata)) is truthy."""
+        return self._then(n.Filter, "filter", _callable(fn, "filter"), metadata=metadata)
 
-    def foreach(self, fn: Callable[[Any], Any]) -> RStream:
-        """Call fn(value) for each value (side effect); values pass on unchanged."""
-        return self._then(n.Foreach(self._b._op_id("foreach"), _callable(fn, "foreach")))
+    def foreach(self, fn: Callable[..., Any], *, metadata: bool = False) -> RStream:
+        """Call fn(value) (or fn(value, Metadata)) for each value; values pass on unchanged."""
+        return self._then(n.Foreach, "foreach", _callable(fn, "foreach"), metadata=metadata)
 
     def select_timestamp(self, fn: Callable[[Any], Any] | str) -> RStream:
         """Event time (epoch ms) from fn(value) or a field; default is the message born time."""
         extract = _key_selector(fn, "select_timestamp")
-        return self._then(n.SelectTimestamp(self._b._op_id("select_timestamp"), extract))
+        return self._then(n.SelectTimestamp, "select_timestamp", extract)
+
+    def union(self, *others: RStream) -> RStream:
+        """Every value of this stream and of ``others`` (also streams of other sources).
+
+        >>> from stream_assets.serde import text_deserializer
+        >>> b = StreamBuilder("u")
+        >>> a, c = b.source("a", text_deserializer), b.source("c", text_deserializer)
+        >>> a.union(c).sink("both")
+        """
+        if not others:
+            raise ValueError("union: give at least one other stream")
+        for other in others:
+            if not isinstance(other, RStream) or other._b is not self._b:
+                raise TypeError("union: expected streams of the same StreamBuilder")
+        if self._window is not None or any(o._window is not None for o in others):
+            raise ValueError(f"{self._b.job_id}: window(...) must be followed by group_by/key_by")
+        inputs = tuple(dict.fromkeys((self._tail, *(o._tail for o in others))))
+        node = n.Union(self._b._op_id("union"), inputs=inputs)
+        return RStream(self._b, self._b._add(node))
+
+    merge = union
+
+    def branch(self, *predicates: Callable[[Any], Any], default: bool = False) -> list[RStream]:
+        """One stream per predicate: each value goes to the first predicate it satisfies.
+
+        With ``default=True`` one more stream gets the values no predicate took;
+        otherwise they are dropped.
+
+        >>> from stream_assets.serde import json_deserializer
+        >>> b = StreamBuilder("br")
+        >>> small, big = b.source("nums", json_deserializer).branch(lambda v: v < 10,
+        ...                                                         lambda v: v >= 10)
+        >>> small.sink("small"); big.sink("big")
+        """
+        if not predicates:
+            raise ValueError("branch: give at least one predicate")
+        checked = tuple(_callable(p, "branch") for p in predicates)
+        split = self._then(n.Split, "branch", checked, default)
+        count = len(checked) + (1 if default else 0)
+        return [
+            RStream(self._b, self._b._add(n.Pick(self._b._op_id("pick"), i, inputs=(split._tail,))))
+            for i in range(count)
+        ]
+
+    split = branch
 
     def window(self, spec: Any) -> RStream:
         """Window the aggregation that follows (field style: window, then group_by)."""
@@ -137,15 +214,79 @@ class RStream:
             raise TypeError(
                 f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}"
             )
-        return RStream(self._b, window=spec)
+        return RStream(self._b, self._tail, window=spec)
+
+    def _key_by_node(self, selector: Callable[[Any], Any] | str, side: int = 0) -> str:
+        fn = _key_selector(selector, "key_by")
+        node = n.KeyBy(self._b._op_id("key_by"), fn, inputs=(self._tail,), side=side)
+        return self._b._add(node)
 
     def key_by(self, selector: Callable[[Any], Any] | str) -> GroupedStream:
-        """Group by fn(value) (or a field name); records shuffle by key hash."""
-        fn = _key_selector(selector, "key_by")
-        self._b._add(n.KeyBy(self._b._op_id("key_by"), fn))
-        return GroupedStream(self._b, self._window)
+        """Group by fn(value) (or a field name); records shuffle by key hash.
+
+        Also after an aggregate: each key_by cuts a new stage with its own shuffle topic.
+        """
+        grouped = GroupedStream(self, _key_selector(selector, "key_by"), self._window)
+        self._b._open_groups.append(grouped)
+        return grouped
 
     group_by = key_by
+
+    def join(self, other: RStream) -> JoinBuilder:
+        """Windowed inner join with ``other``: ``.where(k).equal_to(k2).window(w).apply(fn)``.
+
+        >>> from stream_assets.serde import json_deserializer
+        >>> from stream_assets.windows import Time, TumblingWindow
+        >>> b = StreamBuilder("j")
+        >>> clicks = b.source("clicks", json_deserializer)
+        >>> views = b.source("views", json_deserializer)
+        >>> (clicks.join(views).where("user").equal_to("user")
+        ...   .window(TumblingWindow.of(Time.seconds(10)))
+        ...   .apply(lambda c, v: {"user": c["user"], "page": v["page"]})
+        ...   .sink("clicked-views"))
+        """
+        return JoinBuilder(self, other, "inner")
+
+    def left_join(self, other: RStream) -> JoinBuilder:
+        """Windowed left join: as :meth:`join`, and ``fn(left, None)`` for a left value that
+        met no right value in its window."""
+        return JoinBuilder(self, other, "left")
+
+    def join_table(
+        self,
+        table: Table,
+        key: Callable[[Any], Any] | str,
+        joiner: Callable[[Any, Any], Any] | None = None,
+        *,
+        left: bool = False,
+    ) -> StatefulOptions:
+        """Each value joined with ``table``'s value for ``key`` as of the value's event time.
+
+        ``joiner(value, table_value)`` (default: a ``(value, table_value)`` pair). Inner by
+        default: a value whose key has no table value yet is dropped; with ``left=True``
+        it gives ``joiner(value, None)``. A value waits until the watermark passes its event
+        time, so table updates up to that time count, whatever order they arrive in.
+        Options (``water_mark``, ``idle_timeout``, ``late_records_to``) follow; end with
+        ``to_rstream()``.
+        """
+        if not isinstance(table, Table) or table.stream._b is not self._b:
+            raise TypeError("join_table: expected a Table of the same StreamBuilder (b.table(...))")
+        stream_side = self._key_by_node(key, side=0)
+        table_side = table.stream._key_by_node(table.key, side=1)
+        fn = _callable(joiner, "join_table") if joiner is not None else _pair
+        return StatefulOptions(
+            self._b,
+            lambda o: n.TableJoin(
+                self._b._op_id("join_table"),
+                None,
+                o.lateness_ms,
+                o.idle_ms,
+                o.late_topic,
+                "left" if left else "inner",
+                fn,
+                inputs=(stream_side, table_side),
+            ),
+        )
 
     def _needs_key(self, operator: str) -> Any:
         raise TypeError(
@@ -182,21 +323,180 @@ class RStream:
 
     def print(self) -> None:
         """Print each value (terminal)."""
-        self._then(n.Print(self._b._op_id("print")))
-        self._b._terminated = True
+        self._then(n.Print, "print")
 
-    def sink(self, topic: str, serializer: Serializer = json_serializer) -> None:
-        """Send each value to ``topic`` (terminal); the default body is JSON."""
+    def sink(
+        self,
+        topic: str,
+        serializer: Serializer = json_serializer,
+        *,
+        key: Callable[[Any], Any] | str | None = None,
+        tags: Callable[[Any], Any] | str | None = None,
+        properties: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Send each value to ``topic`` (terminal); the default body is JSON.
+
+        ``key`` (a field or function of the value) is the message's user key,
+        and the sink queue is chosen by its hash; ``tags`` (a field or
+        function) its tag; ``properties`` a function giving a dict of user
+        properties. The engine's de-duplication key is always the message's
+        last key.
+        """
         validate_name(topic, "sink topic")
-        self._then(n.Sink(self._b._op_id("sink"), topic, _callable(serializer, "sink")))
-        self._b._terminated = True
+        self._then(
+            n.Sink,
+            "sink",
+            topic,
+            _callable(serializer, "sink"),
+            key=None if key is None else _key_selector(key, "sink key"),
+            tags=None if tags is None else _key_selector(tags, "sink tags"),
+            properties=None if properties is None else _callable(properties, "sink properties"),
+        )
+
+
+def _pair(value: Any, other: Any) -> Any:
+    return (value, other)
+
+
+class Table:
+    """A table read from a topic: the latest value per key. Made by ``StreamBuilder.table``."""
+
+    def __init__(self, stream: RStream, key: Callable[[Any], Any]) -> None:
+        self.stream = stream
+        self.key = key
+
+
+class JoinBuilder:
+    """A windowed join being declared: ``where`` / ``equal_to`` / ``window`` / ``apply``."""
+
+    def __init__(self, left: RStream, right: RStream, kind: str) -> None:
+        if not isinstance(right, RStream) or right._b is not left._b:
+            raise TypeError(f"{kind} join: expected a stream of the same StreamBuilder")
+        self._left, self._right, self._kind = left, right, kind
+        self._where: Callable[[Any], Any] | None = None
+        self._equal_to: Callable[[Any], Any] | None = None
+        self._window: Any | None = None
+        self._options = _Options()
+
+    def where(self, selector: Callable[[Any], Any] | str) -> JoinBuilder:
+        """The left side's join key (a field or function)."""
+        self._where = _key_selector(selector, "join where")
+        return self
+
+    def equal_to(self, selector: Callable[[Any], Any] | str) -> JoinBuilder:
+        """The right side's join key (a field or function)."""
+        self._equal_to = _key_selector(selector, "join equal_to")
+        return self
+
+    def window(self, spec: Any) -> JoinBuilder:
+        """Records of both sides meet when they fall in the same window of ``spec``."""
+        if not hasattr(spec, "assign"):
+            raise TypeError(f"join window: expected a window spec, got {spec!r}")
+        self._window = spec
+        return self
+
+    def water_mark(self, seconds: float) -> JoinBuilder:
+        """Allowed lateness in seconds."""
+        self._options.water_mark(seconds)
+        return self
+
+    def idle_timeout(self, seconds: float) -> JoinBuilder:
+        """Fire open windows after the sources were idle this long."""
+        self._options.idle_timeout(seconds)
+        return self
+
+    def late_records_to(self, topic: str) -> JoinBuilder:
+        """Also write dropped late records to ``topic``."""
+        self._options.late_records_to(topic)
+        return self
+
+    def apply(self, joiner: Callable[[Any, Any], Any] | None = None) -> RStream:
+        """The stream of ``joiner(left, right)`` (default: ``(left, right)`` pairs)."""
+        what = f"{self._kind} join"
+        if self._where is None or self._equal_to is None:
+            raise ValueError(f"{what}: name both keys with .where(...) and .equal_to(...)")
+        if self._window is None:
+            raise ValueError(
+                f"{what}: a join needs a window (.window(TumblingWindow.of(...))); to join "
+                "with the latest value per key, use join_table"
+            )
+        b = self._left._b
+        left = self._left._key_by_node(self._where, side=0)
+        right = self._right._key_by_node(self._equal_to, side=1)
+        o = self._options
+        node = n.Join(
+            b._op_id("join"),
+            self._window,
+            o.lateness_ms,
+            o.idle_ms,
+            o.late_topic,
+            JoinCollect(),
+            self._kind,
+            _callable(joiner, what) if joiner is not None else _pair,
+            inputs=(left, right),
+        )
+        return RStream(b, b._add(node))
+
+
+class _Options:
+    """Watermark, idleness and late-record options of a stateful operator."""
+
+    def __init__(self) -> None:
+        self.lateness_ms = 0
+        self.idle_ms = _DEFAULT_IDLE_TIMEOUT_MS
+        self.late_topic: str | None = None
+
+    def water_mark(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"water_mark: lateness must be >= 0 seconds, got {seconds}")
+        self.lateness_ms = int(seconds * 1000)
+
+    def idle_timeout(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"idle_timeout: must be > 0 seconds, got {seconds}")
+        self.idle_ms = int(seconds * 1000)
+
+    def late_records_to(self, topic: str) -> None:
+        self.late_topic = validate_name(topic, "late-records topic")
+
+
+class StatefulOptions:
+    """Options of a stateful operator being declared; ``to_rstream()`` ends it."""
+
+    def __init__(self, builder: StreamBuilder, make: Callable[[_Options], n.Node]) -> None:
+        self._b = builder
+        self._make = make
+        self._options = _Options()
+        self._done: RStream | None = None
+
+    def water_mark(self, seconds: float) -> StatefulOptions:
+        """Allowed lateness in seconds (watermark = max event time - lateness)."""
+        self._options.water_mark(seconds)
+        return self
+
+    def idle_timeout(self, seconds: float) -> StatefulOptions:
+        """Treat the sources as done after this much time without input."""
+        self._options.idle_timeout(seconds)
+        return self
+
+    def late_records_to(self, topic: str) -> StatefulOptions:
+        """Also write dropped late records to ``topic``."""
+        self._options.late_records_to(topic)
+        return self
+
+    def to_rstream(self) -> RStream:
+        """The stream of results."""
+        if self._done is None:
+            self._done = RStream(self._b, self._b._add(self._make(self._options)))
+        return self._done
 
 
 class GroupedStream:
     """A keyed stream: window it, then aggregate."""
 
-    def __init__(self, builder: StreamBuilder, window: Any | None) -> None:
-        self._b = builder
+    def __init__(self, stream: RStream, key: Callable[[Any], Any], window: Any | None) -> None:
+        self._stream = stream
+        self._key = key
         self._window = window
 
     def window(self, spec: Any) -> GroupedStream:
@@ -205,10 +505,12 @@ class GroupedStream:
             raise TypeError(
                 f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}"
             )
-        return GroupedStream(self._b, spec)
+        grouped = GroupedStream(self._stream, self._key, spec)
+        self._stream._b._open_groups.append(grouped)
+        return grouped
 
     def _agg(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
-        return AggregatedStream(self._b, self._window, [(alias or acc.kind, acc)])
+        return AggregatedStream(self, [(alias or acc.kind, acc)])
 
     def count(self, alias: str | None = None) -> AggregatedStream:
         """Number of records per key (and window)."""
@@ -250,15 +552,12 @@ class GroupedStream:
 class AggregatedStream:
     """Aggregates being declared; chain more (field style) or call ``to_rstream()``."""
 
-    def __init__(
-        self, builder: StreamBuilder, window: Any | None, parts: list[tuple[str, Accumulator]]
-    ) -> None:
-        self._b = builder
-        self._window = window
+    def __init__(self, grouped: GroupedStream, parts: list[tuple[str, Accumulator]]) -> None:
+        self._grouped = grouped
+        self._b = grouped._stream._b
         self._parts = parts
-        self._lateness_ms = 0
-        self._idle_ms = _DEFAULT_IDLE_TIMEOUT_MS
-        self._late_topic: str | None = None
+        self._options = _Options()
+        self._done: RStream | None = None
 
     def _more(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
         name = alias or acc.kind
@@ -297,33 +596,39 @@ class AggregatedStream:
 
     def water_mark(self, seconds: float) -> AggregatedStream:
         """Allowed lateness in seconds (watermark = max event time - lateness)."""
-        if seconds < 0:
-            raise ValueError(f"water_mark: lateness must be >= 0 seconds, got {seconds}")
-        self._lateness_ms = int(seconds * 1000)
+        self._options.water_mark(seconds)
         return self
 
     def idle_timeout(self, seconds: float) -> AggregatedStream:
         """Fire open windows after this much processing time without input."""
-        if seconds <= 0:
-            raise ValueError(f"idle_timeout: must be > 0 seconds, got {seconds}")
-        self._idle_ms = int(seconds * 1000)
+        self._options.idle_timeout(seconds)
         return self
 
     def late_records_to(self, topic: str) -> AggregatedStream:
         """Also write dropped late records to ``topic``."""
-        self._late_topic = validate_name(topic, "late-records topic")
+        self._options.late_records_to(topic)
         return self
 
     def to_rstream(self) -> RStream:
-        """The stream of results: dicts with ``key``, each alias, and window bounds."""
-        self._b._add(
-            n.Aggregate(
+        """The stream of results: dicts with ``key``, each alias, and window bounds.
+
+        The key_by and the aggregate enter the plan here (once per aggregate).
+        """
+        if self._done is None:
+            g = self._grouped
+            self._b._open_groups = [
+                x for x in self._b._open_groups if x._stream is not g._stream or x._key is not g._key
+            ]
+            key_by = g._stream._key_by_node(g._key)
+            o = self._options
+            node = n.Aggregate(
                 self._b._op_id("aggregate"),
+                g._window,
+                o.lateness_ms,
+                o.idle_ms,
+                o.late_topic,
                 Composite(list(self._parts)),
-                self._window,
-                self._lateness_ms,
-                self._idle_ms,
-                self._late_topic,
+                inputs=(key_by,),
             )
-        )
-        return RStream(self._b)
+            self._done = RStream(self._b, self._b._add(node))
+        return self._done

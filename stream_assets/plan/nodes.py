@@ -1,13 +1,16 @@
-"""The logical plan: one node per DSL operator, in chain order.
+"""The logical plan: one node per DSL operator, linked to its inputs by op id.
 
 Nodes are plain frozen dataclasses holding the user's functions; they are
-pickled (cloudpickle) into Spark tasks with the stage that runs them.
+pickled (cloudpickle) into Spark tasks with the stage that runs them. A node
+names its inputs (``inputs``), so a plan is a graph: a stream handle used
+twice branches, ``union`` has several inputs, and a join's head has one
+``key_by`` per side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stream_assets.operators.aggregates import Accumulator
@@ -19,6 +22,8 @@ class Node:
     """Base of every plan node; ``op_id`` is unique and stable within a topology."""
 
     op_id: str
+    #: Op ids of the nodes this one reads from (none for a source).
+    inputs: tuple[str, ...] = field(default=(), kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -30,56 +35,111 @@ class Source(Node):
 
 
 @dataclass(frozen=True)
-class Map(Node):
+class UserFunction(Node):
+    """An operator around one user function; ``metadata`` passes the record's
+    :class:`~stream_assets.operators.metadata.Metadata` as a second argument."""
+
+    fn: Callable[..., Any]
+    metadata: bool = field(default=False, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Map(UserFunction):
     """value -> fn(value)."""
 
-    fn: Callable[[Any], Any]
-
 
 @dataclass(frozen=True)
-class FlatMap(Node):
+class FlatMap(UserFunction):
     """value -> each item of fn(value)."""
 
-    fn: Callable[[Any], Any]
-
 
 @dataclass(frozen=True)
-class Filter(Node):
+class Filter(UserFunction):
     """Keep values for which fn(value) is truthy."""
 
-    fn: Callable[[Any], Any]
-
 
 @dataclass(frozen=True)
-class Foreach(Node):
+class Foreach(UserFunction):
     """Call fn(value) for its side effect; the value passes on unchanged."""
 
-    fn: Callable[[Any], Any]
+
+@dataclass(frozen=True)
+class SelectTimestamp(UserFunction):
+    """Event time (epoch ms) of each value is fn(value) from here on."""
 
 
 @dataclass(frozen=True)
-class SelectTimestamp(Node):
-    """Event time (epoch ms) of each value is fn(value) from here on."""
+class Union(Node):
+    """Every value of every input, unchanged."""
 
-    fn: Callable[[Any], Any]
+
+@dataclass(frozen=True)
+class Split(Node):
+    """Sends each value to the :class:`Pick` of the first predicate it satisfies."""
+
+    predicates: tuple[Callable[[Any], Any], ...]
+    #: Values no predicate accepts go to the Pick numbered len(predicates), if any.
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Pick(Node):
+    """Output ``index`` of a :class:`Split` (its only input)."""
+
+    index: int
 
 
 @dataclass(frozen=True)
 class KeyBy(Node):
-    """Group by fn(value): records are re-routed through a shuffle topic by key hash."""
+    """Group by fn(value): records are re-routed through a shuffle topic by key hash.
+
+    ``side`` tells a join's head which input a record came from (0: left or
+    stream, 1: right or table).
+    """
 
     fn: Callable[[Any], Any]
+    side: int = field(default=0, kw_only=True)
 
 
 @dataclass(frozen=True)
-class Aggregate(Node):
-    """Keyed (optionally windowed) aggregation; the stateful operator of a stage."""
+class Stateful(Node):
+    """The head of a keyed stage: keeps state per key in RocksDB, with a changelog.
 
-    accumulator: Accumulator
+    Its inputs are the :class:`KeyBy` nodes that shuffle records to it.
+    """
+
     window: Any | None  # a spec from stream_assets.windows, or None
     allowed_lateness_ms: int
     idle_timeout_ms: int
     late_topic: str | None
+
+
+@dataclass(frozen=True)
+class Aggregate(Stateful):
+    """Keyed (optionally windowed) aggregation."""
+
+    accumulator: Accumulator
+
+
+@dataclass(frozen=True)
+class Join(Aggregate):
+    """Windowed join of two keyed streams: the records of both sides that fall in one
+    window with one key are collected (``accumulator`` is a
+    :class:`~stream_assets.operators.joins.JoinCollect`), and when the window fires
+    every left-right pair becomes ``joiner(left, right)``; a ``left`` join also gives
+    ``joiner(left, None)`` for a left record that met no right one."""
+
+    kind: str  # "inner" | "left"
+    joiner: Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class TableJoin(Stateful):
+    """Stream-table join: each stream record (side 0) meets the table's value for its key
+    as of the record's event time (the latest table record, side 1, at or before it)."""
+
+    kind: str  # "inner" | "left"
+    joiner: Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -89,7 +149,14 @@ class Print(Node):
 
 @dataclass(frozen=True)
 class Sink(Node):
-    """Send each value to ``topic`` with ``serializer`` (terminal)."""
+    """Send each value to ``topic`` with ``serializer`` (terminal).
+
+    ``key``, ``tags`` and ``properties``, functions of the value, set the
+    message's user key, tag and user properties.
+    """
 
     topic: str
     serializer: Serializer
+    key: Callable[[Any], Any] | None = field(default=None, kw_only=True)
+    tags: Callable[[Any], Any] | None = field(default=None, kw_only=True)
+    properties: Callable[[Any], Any] | None = field(default=None, kw_only=True)

@@ -1,16 +1,27 @@
-"""A compiled topology: the node chain cut into stages at every key_by.
+"""A compiled topology: the plan graph cut into stages at every key_by.
 
-Stage 0 reads the source topic and runs the stateless operators up to the first
-key_by, which writes to that key_by's shuffle topic. Stage k > 0 reads the
-shuffle topic, starts with the stateful aggregate (state topic alongside) and
-runs what follows up to the next key_by or the end. Topic names derive from the
-job id and operator id, so every instance of a job agrees on them.
+A stage reads one topic and runs as one Spark query per instance. Each source
+begins a *source stage* (its topic). Each stateful operator (aggregate, join)
+begins a *keyed stage* reading its shuffle topic, which every ``key_by``
+feeding it writes to (both sides of a join, every stream of a union). A stage
+holds every stateless operator reachable from its head without crossing
+another stateful operator; the ``key_by`` nodes it reaches are its *exits*.
+An operator downstream of a union of streams from two stages runs in both.
+Topic names derive from the job id and operator ids, so every instance of a
+job agrees on them.
+
+Records carry their *origin*: the upstream stage's queue (an origin id, see
+:func:`origin_id`), an offset and a sub-index. A keyed stage de-duplicates and
+tracks event time per origin.
 
 Example::
 
-    >>> t = Topology("wc", (...))  # doctest: +SKIP
-    >>> t.stages[1].input_topic  # doctest: +SKIP
-    'wc__shuffle__key_by-2'
+    >>> from stream_assets.examples import wordcount
+    >>> t = wordcount.build("wc", "lines", "counts")
+    >>> [(s.index, s.input_topic) for s in t.stages]
+    [(0, 'lines'), (1, 'wc__shuffle__key_by-2')]
+    >>> t.stages[0].exits[0].topic, t.stages[1].upstreams
+    ('wc__shuffle__key_by-2', (0,))
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from stream_assets.operators.aggregates import is_decomposable
 from stream_assets.plan import nodes as n
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,80}$")
+#: Origin ids of stage s are s * ORIGIN_STRIDE + queue id (stage 0 keeps plain queue ids).
+ORIGIN_STRIDE = 1 << 16
 
 
 def validate_name(name: str, what: str) -> str:
@@ -31,34 +44,89 @@ def validate_name(name: str, what: str) -> str:
     return name
 
 
+def origin_id(stage: int, queue_id: int) -> int:
+    """The origin id of ``queue_id`` of stage ``stage``'s input (unique in a topology).
+
+    >>> origin_id(0, 3), origin_id(2, 3)
+    (3, 131075)
+    """
+    return stage * ORIGIN_STRIDE + queue_id
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A key_by of a stage: records leave through ``topic`` for the stage of ``head``."""
+
+    key_by: n.KeyBy
+    topic: str
+    head: n.Stateful
+    #: Pre-aggregate before the shuffle (the head is a decomposable aggregate).
+    combine: bool = False
+
+    @property
+    def tagged(self) -> bool:
+        """Whether values travel as ``[side, value]`` (the head is a join)."""
+        return isinstance(self.head, n.Join | n.TableJoin)
+
+
 @dataclass(frozen=True)
 class Stage:
-    """One Spark query per instance: reads ``input_topic``, runs ``ops``, maybe shuffles."""
+    """One Spark query per instance: reads ``input_topic``, runs its operators, maybe shuffles."""
 
     index: int
     input_topic: str
-    source: n.Source | None  # stage 0 only
-    aggregate: n.Aggregate | None  # stages > 0: the stateful head
-    ops: tuple[n.Node, ...]  # stateless operators and terminal sink/print
-    key_by: n.KeyBy | None  # ends with a shuffle into output_topic
-    output_topic: str | None  # the next stage's shuffle topic
-    state_topic: str | None  # changelog of the aggregate's state
-    combine: bool = False  # pre-aggregate before the shuffle (next stage decomposable)
+    source: n.Source | None  # source stages
+    head: n.Stateful | None  # keyed stages: the stateful operator
+    #: Stateless operators, sinks, prints and exits, by op id.
+    nodes: dict[str, n.Node]
+    #: Edges from the head (source or stateful op) to the exits, by op id.
+    children: dict[str, tuple[str, ...]]
+    exits: tuple[Exit, ...]
+    state_topic: str | None  # changelog of the head's state
+    #: Stages whose exits write to this stage's input topic.
+    upstreams: tuple[int, ...] = ()
+
+    @property
+    def root(self) -> str:
+        """Op id of the node elements start from."""
+        node = self.source if self.source is not None else self.head
+        assert node is not None
+        return node.op_id
 
     @property
     def stateful(self) -> bool:
         """Whether this stage keeps RocksDB state."""
-        return self.aggregate is not None
+        return self.head is not None
+
+    @property
+    def aggregate(self) -> n.Aggregate | None:
+        """The head when it is an aggregate (or a windowed join, which is one)."""
+        return self.head if isinstance(self.head, n.Aggregate) else None
+
+    @property
+    def ops(self) -> tuple[n.Node, ...]:
+        """The stage's operators (not the head), in plan order."""
+        return tuple(self.nodes.values())
 
     @property
     def sink_topics(self) -> tuple[str, ...]:
         """Topics this stage's sinks write to."""
-        return tuple(op.topic for op in self.ops if isinstance(op, n.Sink))
+        return tuple(op.topic for op in self.nodes.values() if isinstance(op, n.Sink))
+
+    @property
+    def output_topics(self) -> tuple[str, ...]:
+        """The shuffle topics this stage's exits write to."""
+        return tuple(dict.fromkeys(e.topic for e in self.exits))
+
+    @property
+    def combine(self) -> bool:
+        """Whether this stage pre-aggregates before its (one) shuffle."""
+        return len(self.exits) == 1 and self.exits[0].combine
 
 
 @dataclass(frozen=True)
 class Topology:
-    """A job's node chain and its stages."""
+    """A job's plan graph and its stages."""
 
     job_id: str
     nodes: tuple[n.Node, ...]
@@ -68,14 +136,24 @@ class Topology:
         object.__setattr__(self, "stages", tuple(_cut(self.job_id, self.nodes)))
 
     @property
+    def source_stages(self) -> tuple[Stage, ...]:
+        """The stages that read the user's topics."""
+        return tuple(s for s in self.stages if s.source is not None)
+
+    @property
+    def source_topics(self) -> tuple[str, ...]:
+        """Every topic the topology reads, in declaration order."""
+        return tuple(s.input_topic for s in self.source_stages)
+
+    @property
     def source_topic(self) -> str:
-        """The topic stage 0 reads."""
+        """The topic of the first source."""
         return self.stages[0].input_topic
 
     @property
     def shuffle_topics(self) -> tuple[str, ...]:
         """Every shuffle topic, in stage order."""
-        return tuple(s.input_topic for s in self.stages[1:])
+        return tuple(s.input_topic for s in self.stages if s.head is not None)
 
     @property
     def state_topics(self) -> tuple[str, ...]:
@@ -84,8 +162,8 @@ class Topology:
 
     @property
     def sink_topics(self) -> tuple[str, ...]:
-        """Every sink topic."""
-        return tuple(t for s in self.stages for t in s.sink_topics)
+        """Every sink topic (each once)."""
+        return tuple(dict.fromkeys(t for s in self.stages for t in s.sink_topics))
 
     @property
     def dead_letter_topic(self) -> str:
@@ -96,69 +174,126 @@ class Topology:
     def late_topics(self) -> tuple[str, ...]:
         """Topics that receive dropped late records."""
         return tuple(
-            s.aggregate.late_topic for s in self.stages if s.aggregate and s.aggregate.late_topic
+            dict.fromkeys(s.head.late_topic for s in self.stages if s.head and s.head.late_topic)
         )
+
+    def stage_of_topic(self, topic: str) -> Stage:
+        """The stage reading ``topic``."""
+        for stage in self.stages:
+            if stage.input_topic == topic:
+                return stage
+        raise ValueError(f"no stage of {self.job_id} reads {topic!r}")
 
 
 def shuffle_topic(job_id: str, key_by: n.KeyBy) -> str:
-    """The shuffle topic of a key_by."""
+    """The shuffle topic named after a key_by (a head's first)."""
     return f"{job_id}__shuffle__{key_by.op_id}"
 
 
-def state_topic(job_id: str, aggregate: n.Aggregate) -> str:
-    """The state (changelog) topic of an aggregate."""
-    return f"{job_id}__state__{aggregate.op_id}"
+def state_topic(job_id: str, head: n.Stateful) -> str:
+    """The state (changelog) topic of a stateful operator."""
+    return f"{job_id}__state__{head.op_id}"
 
 
 def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
-    if not nodes or not isinstance(nodes[0], n.Source):
+    by_id = {node.op_id: node for node in nodes}
+    children: dict[str, list[str]] = {node.op_id: [] for node in nodes}
+    for node in nodes:
+        for parent in node.inputs:
+            if parent not in by_id:
+                raise ValueError(
+                    f"{job_id}: {node.op_id} reads {parent!r}, which is not in the plan"
+                )
+            children[parent].append(node.op_id)
+    heads: list[n.Source | n.Stateful] = [x for x in nodes if isinstance(x, n.Source)]
+    if not heads:
         raise ValueError(f"{job_id}: a topology starts with source(...)")
-    stages: list[Stage] = []
-    source: n.Source | None = nodes[0]
-    assert source is not None
-    input_topic = source.topic
-    aggregate: n.Aggregate | None = None
-    ops: list[n.Node] = []
-    i = 1
-    while True:
-        node = nodes[i] if i < len(nodes) else None
-        if node is None or isinstance(node, n.KeyBy):
-            next_agg = nodes[i + 1] if node is not None and i + 1 < len(nodes) else None
-            if node is not None and not isinstance(next_agg, n.Aggregate):
-                raise ValueError(
-                    f"{job_id}: {node.op_id} must be followed by an aggregate "
-                    "(count/sum/min/max/avg/aggregate) and to_rstream()"
-                )
-            if node is not None and aggregate is not None:
-                raise ValueError(
-                    f"{job_id}: {node.op_id}: a second key_by after an aggregate is not "
-                    "supported yet; split the job into two topologies joined by a sink topic"
-                )
-            out = shuffle_topic(job_id, node) if node is not None else None
-            stages.append(
-                Stage(
-                    index=len(stages),
-                    input_topic=input_topic,
-                    source=source,
-                    aggregate=aggregate,
-                    ops=tuple(ops),
-                    key_by=node,
-                    output_topic=out,
-                    state_topic=state_topic(job_id, aggregate) if aggregate else None,
-                    # Not when late records go to a topic: a pre-combined
-                    # partial no longer has the records' values to send there.
-                    combine=isinstance(next_agg, n.Aggregate)
-                    and is_decomposable(next_agg.accumulator)
-                    and next_agg.late_topic is None,
-                )
-            )
-            if node is None:
-                return stages
-            assert out is not None and isinstance(next_agg, n.Aggregate)
-            source, input_topic, aggregate, ops = None, out, next_agg, []
-            i += 2
+    topics = [h.topic for h in heads if isinstance(h, n.Source)]
+    twice = sorted({t for t in topics if topics.count(t) > 1})
+    if twice:
+        raise ValueError(
+            f"{job_id}: topic(s) {twice} read by more than one source(); read a topic once "
+            "and use its stream handle twice to branch"
+        )
+    heads += [x for x in nodes if isinstance(x, n.Stateful)]
+    input_of: dict[str, str] = {}  # head op id -> input topic
+    for head in heads:
+        if isinstance(head, n.Source):
+            input_of[head.op_id] = head.topic
             continue
-        if isinstance(node, n.Aggregate):
-            raise ValueError(f"{job_id}: {node.op_id} needs a key_by before it")
-        ops.append(node)
-        i += 1
+        feeders = [by_id[i] for i in head.inputs]
+        if not feeders or not all(isinstance(f, n.KeyBy) for f in feeders):
+            raise ValueError(f"{job_id}: {head.op_id} needs a key_by before it")
+        input_of[head.op_id] = shuffle_topic(job_id, feeders[0])  # type: ignore[arg-type]
+    stages: list[Stage] = []
+    for index, head in enumerate(heads):
+        stage_nodes: dict[str, n.Node] = {}
+        edges: dict[str, tuple[str, ...]] = {}
+        exits: list[Exit] = []
+        todo = [head.op_id]
+        while todo:
+            op_id = todo.pop()
+            if op_id in edges:
+                continue
+            edges[op_id] = tuple(children[op_id])
+            for child_id in children[op_id]:
+                child = by_id[child_id]
+                if child_id in stage_nodes:
+                    continue
+                stage_nodes[child_id] = child
+                if isinstance(child, n.KeyBy):
+                    exits.append(_exit(job_id, child, children[child_id], by_id, input_of))
+                    edges[child_id] = ()
+                else:
+                    todo.append(child_id)
+        # Plan order (declaration order is a topological order).
+        ordered = {x.op_id: x for x in nodes if x.op_id in stage_nodes}
+        exits.sort(key=lambda e: list(ordered).index(e.key_by.op_id))
+        stateful = head if isinstance(head, n.Stateful) else None
+        stages.append(
+            Stage(
+                index=index,
+                input_topic=input_of[head.op_id],
+                source=head if isinstance(head, n.Source) else None,
+                head=stateful,
+                nodes=ordered,
+                children=edges,
+                exits=tuple(exits),
+                state_topic=state_topic(job_id, stateful) if stateful else None,
+            )
+        )
+    by_topic = {s.input_topic: s.index for s in stages}
+    upstreams: dict[int, list[int]] = {s.index: [] for s in stages}
+    for stage in stages:
+        for topic in stage.output_topics:
+            upstreams[by_topic[topic]].append(stage.index)
+    return [
+        Stage(**{**s.__dict__, "upstreams": tuple(sorted(set(upstreams[s.index])))}) for s in stages
+    ]
+
+
+def _exit(
+    job_id: str,
+    key_by: n.KeyBy,
+    after: list[str],
+    by_id: dict[str, n.Node],
+    input_of: dict[str, str],
+) -> Exit:
+    heads = [by_id[c] for c in after]
+    if len(heads) != 1 or not isinstance(heads[0], n.Stateful):
+        raise ValueError(
+            f"{job_id}: {key_by.op_id} must be followed by exactly one aggregate or join "
+            "(count/sum/min/max/avg/aggregate/join) and to_rstream()"
+        )
+    head = heads[0]
+    return Exit(
+        key_by=key_by,
+        topic=input_of[head.op_id],
+        head=head,
+        # Not when late records go to a topic: a pre-combined partial no
+        # longer has the records' values to send there.
+        combine=isinstance(head, n.Aggregate)
+        and not isinstance(head, n.Join)
+        and is_decomposable(head.accumulator)
+        and head.late_topic is None,
+    )

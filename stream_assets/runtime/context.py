@@ -11,19 +11,19 @@ Example::
     >>> from stream_assets.examples import wordcount
     >>> topology = wordcount.build("wc", "lines", "counts")
     >>> ctx = StageContext.of(topology, 1, shuffle_queues=4, source_queues=(0, 1))
-    >>> ctx.stage.stateful, ctx.source_queues
+    >>> ctx.stage.stateful, ctx.origins
     (True, (0, 1))
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow as pa
 
-from stream_assets.plan import nodes as n
-from stream_assets.plan.topology import Stage, Topology
+from stream_assets.plan.topology import Stage, Topology, origin_id
 
 #: Shuffle bodies stay under the broker's 4 MiB message limit.
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -35,7 +35,6 @@ class StageContext:
 
     job_id: str
     stage: Stage
-    next_aggregate: n.Aggregate | None
     shuffle_queues: int
     dead_letter_topic: str
     snapshot_every: int = 100
@@ -46,9 +45,10 @@ class StageContext:
     #: other batch boundaries; per-record origins de-duplicate against any such
     #: prefix, combined ones do not.
     combine_from: tuple[tuple[int, int], ...] = ()
-    #: Every queue id of the source topic: each one holds the watermark of a
-    #: stateful stage until it has spoken or is idle (slow queues stay on time).
-    source_queues: tuple[int, ...] = ()
+    #: Every origin (upstream queue, see plan.topology.origin_id) of a keyed
+    #: stage: each one holds its watermark until it has spoken or is idle
+    #: (slow queues stay on time).
+    origins: tuple[int, ...] = ()
     #: The allocation generation and the instance that commits state: recorded
     #: in every changelog record, so the state topic says who owns a queue.
     generation: int = 0
@@ -56,17 +56,36 @@ class StageContext:
 
     @classmethod
     def of(
-        cls, topology: Topology, index: int, *, shuffle_queues: int, **kwargs: object
+        cls,
+        topology: Topology,
+        index: int,
+        *,
+        shuffle_queues: int,
+        source_queues: Mapping[str, Sequence[int]] | Sequence[int] = (),
+        **kwargs: object,
     ) -> StageContext:
-        """The context of stage ``index`` of ``topology``."""
-        stages = topology.stages
-        next_agg = stages[index + 1].aggregate if index + 1 < len(stages) else None
+        """The context of stage ``index`` of ``topology``.
+
+        ``source_queues``: the queue ids of each source topic (one sequence: the
+        same for every source), from which a keyed stage's origins follow.
+        """
+        stage = topology.stages[index]
+        origins: list[int] = []
+        for up in stage.upstreams:
+            upstream = topology.stages[up]
+            if upstream.source is None:
+                queues: Sequence[int] = range(shuffle_queues)
+            elif isinstance(source_queues, Mapping):
+                queues = source_queues.get(upstream.input_topic, ())
+            else:
+                queues = source_queues
+            origins.extend(origin_id(up, q) for q in queues)
         return cls(
             job_id=topology.job_id,
-            stage=stages[index],
-            next_aggregate=next_agg,
+            stage=stage,
             shuffle_queues=shuffle_queues,
             dead_letter_topic=topology.dead_letter_topic,
+            origins=tuple(origins),
             **kwargs,  # type: ignore[arg-type]
         )
 

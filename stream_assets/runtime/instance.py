@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_assets.control.topics import provision_topics
-from stream_assets.plan.topology import Stage, Topology
+from stream_assets.plan import nodes as n
+from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
@@ -104,7 +105,7 @@ class Instance:
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
-        self._source_queues: tuple[int, ...] = ()
+        self._source_queues: dict[str, tuple[int, ...]] = {}
         #: Who commits state: recorded with every changelog write of this instance.
         self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
 
@@ -192,18 +193,22 @@ class Instance:
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
-        if stage.index == 0:
+        if stage.source is not None:
             reader = reader.option("planned_group", self._planned_group)
-        agg = stage.aggregate
-        if agg is not None and agg.window is not None:
-            # Windows can fire when input stops (idle timeout): give the stage a
-            # batch now and then, and let the planner judge the source queues'
-            # idleness by their offsets.
-            tick = min(self.engine.tick_ms, max(100, agg.idle_timeout_ms // 2))
+        head = stage.head
+        if head is not None and (head.window is not None or isinstance(head, n.TableJoin)):
+            # What waits for the watermark can fire when input stops (idle
+            # timeout): give the stage a batch now and then, and let the
+            # planner judge the origins' idleness by their offsets.
+            tick = min(self.engine.tick_ms, max(100, head.idle_timeout_ms // 2))
+            origins = ";".join(
+                f"{self.topology.stages[up].input_topic}={origin_id(up, 0)}"
+                for up in stage.upstreams
+            )
             reader = (
                 reader.option("tick_ms", str(tick))
-                .option("origin_topic", self.topology.source_topic)
-                .option("idle_timeout_ms", str(agg.idle_timeout_ms))
+                .option("origin_topics", origins)
+                .option("idle_timeout_ms", str(head.idle_timeout_ms))
             )
         ctx = TaskContext(
             stage=StageContext.of(
@@ -212,7 +217,7 @@ class Instance:
                 shuffle_queues=self.engine.shuffle_queues,
                 snapshot_every=self.engine.snapshot_every,
                 pre_combine=self.engine.pre_combine,
-                combine_from=self._combine_from(stage) if stage.index == 0 else (),
+                combine_from=self._combine_from(stage) if stage.source is not None else (),
                 source_queues=self._source_queues,
                 generation=self.generation,
                 writer=self.writer,

@@ -11,6 +11,7 @@ each source queue's order.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -36,13 +37,37 @@ class StageOutputs:
         self._last_origin = ""
 
     def emit(self, node: n.Node, value: Any, ts: int) -> None:
-        """An output of the chain fed by ``origin`` (a source record or a result key)."""
+        """An output of the graph fed by ``origin`` (a source record or a result key)."""
         if self.origin != self._last_origin:
             self._last_origin, self._seq = self.origin, 0
         key = message_key(self.ctx.job_id, node.op_id, self.origin, str(self._seq))
         self._seq += 1
         if isinstance(node, n.Sink):
-            self.sender.send(node.topic, node.serializer(value), key=key, route_key=self.route_key)
+            body = node.serializer(value)
+            route_key = self.route_key
+            if node.key is not None:
+                user_key = str(node.key(value))
+                # The user's key first (what consumers look up), the engine's
+                # de-duplication key last; the sink queue follows the user's key.
+                key = f"{message_key(user_key)} {key}"
+                route_key = user_key
+            tags = None if node.tags is None else _property(str(node.tags(value)))
+            properties = None
+            if node.properties is not None:
+                given = node.properties(value)
+                if not isinstance(given, Mapping):
+                    raise TypeError(
+                        f"sink properties must be a dict of str, got {type(given).__name__}"
+                    )
+                properties = {str(k): _property(str(v)) for k, v in given.items()}
+            self.sender.send(
+                node.topic,
+                body,
+                key=key,
+                route_key=route_key,
+                tags=tags,
+                properties=properties,
+            )
         elif isinstance(node, n.Print):
             print(value, file=sys.stdout, flush=False)
         self.stats.outputs += 1

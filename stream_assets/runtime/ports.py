@@ -13,7 +13,7 @@ Example: any object with ``send`` and ``flush`` works::
     >>> class Collect:
     ...     def __init__(self): self.sent = []
     ...     def send(self, topic, body, *, key=None, queue_id=None, properties=None,
-    ...              route_key=None):
+    ...              route_key=None, tags=None):
     ...         self.sent.append((topic, body))
     ...     def flush(self): return []
     >>> isinstance(Collect(), Sender)
@@ -47,6 +47,7 @@ class Sender(Protocol):
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
         route_key: str | None = None,
+        tags: str | None = None,
     ) -> None: ...
 
     def flush(self) -> list[SendReceipt]: ...

@@ -50,10 +50,11 @@ class SendBuffer:
         queue_id: int | None = None,
         properties: Mapping[str, str] | None = None,
         route_key: str | None = None,
+        tags: str | None = None,
     ) -> None:
         """Queue one message (see :class:`OutgoingMessage` for how its queue is chosen)."""
         props = dict(properties) if properties is not None else None
-        self._pending.append(OutgoingMessage(topic, body, key, None, props, queue_id, route_key))
+        self._pending.append(OutgoingMessage(topic, body, key, tags, props, queue_id, route_key))
 
     def flush(self) -> list[SendReceipt]:
         """Send everything queued; returns once it is stored (receipts in send order).

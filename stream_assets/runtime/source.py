@@ -13,13 +13,14 @@ pulls the messages itself, which saves two JVM round trips per record
 ``tick_ms``) even with no new messages, so stateful stages can fire windows
 when input stops.
 
-Idleness (options ``origin_topic``, ``idle_timeout_ms``): for a stateful stage
-the planner also watches the *source* topic. A source queue is idle when its
-broker end offset has not moved for the idle timeout and the stage that reads
-it has committed everything up to that end; such queues are listed in each
-row's ``idle`` column, but only in a batch that reads every stage queue to
-its end. Time between batches plays no part, so a slow batch never fires a
-window.
+Idleness (options ``origin_topics``, ``idle_timeout_ms``): for a keyed stage
+the planner also watches the topics its origins read (the input topics of
+the upstream stages; ``topic=base`` pairs, an origin id being base + queue
+id). An origin is idle when its queue's broker end offset has not moved for
+the idle timeout and the stage that reads it has committed everything up to
+that end; such origins are listed in each row's ``idle`` column, but only in
+a batch that reads every stage queue to its end. Time between batches plays
+no part, so a slow batch never fires a window.
 
 Client settings come from a file the driver writes (option ``settings_file``,
 private to the driver's user), never from Spark options, which show up in
@@ -98,7 +99,8 @@ class SourceOptions:
     max_records_per_batch: int
     tick_ms: int
     broker_outage_s: float
-    origin_topic: str | None
+    #: (topic, origin id of its queue 0) per upstream input topic of a keyed stage.
+    origin_topics: tuple[tuple[str, int], ...]
     idle_timeout_ms: int
     #: Where the planner records each batch's end before the batch runs (see
     #: planned_group() in runtime/instance.py); None: not recorded.
@@ -122,7 +124,12 @@ class SourceOptions:
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
             tick_ms=int(options.get("tick_ms", "0")),
             broker_outage_s=float(options.get("broker_outage_s", "0")),
-            origin_topic=options.get("origin_topic") or None,
+            origin_topics=tuple(
+                (topic, int(base))
+                for topic, base in (
+                    pair.split("=") for pair in options.get("origin_topics", "").split(";") if pair
+                )
+            ),
             idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
             planned_group=options.get("planned_group") or None,
             partitions=int(options.get("partitions", "0")),
@@ -162,7 +169,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self._settings = options.settings()
         self._admin_obj: RocketMQAdmin | None = None
         # Per source queue: (end offset, monotonic time it was first seen at that end).
-        self._origin_ends: dict[int, tuple[int, float]] = {}
+        self._origin_ends: dict[tuple[str, int], tuple[int, float]] = {}
         self._planned: dict[str, int] = {}  # ends recorded in the planned group
         # Spark may create this reader late (a query's first batch), even while
         # the broker restarts: every broker call here rides out an outage.
@@ -211,7 +218,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         # Idle source queues first: their committed ends were durable (shuffle
         # sent) before the stage queues' end offsets are read below.
-        idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topic else []
+        idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topics else []
         begin: dict[str, int] = start["q"]
         available = self._ride(self._end_offsets, "latest offsets")
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
@@ -244,30 +251,30 @@ class RocketMQStreamReader(DataSourceStreamReader):
         return {self._key(q): o.max_offset for q, o in offsets.items()}
 
     def _idle_origins(self) -> list[int]:
-        """Source queues idle by the broker's offsets: end unmoved for the idle timeout,
+        """Origins idle by the broker's offsets: end unmoved for the idle timeout,
         and committed to that end by the stage that reads them."""
-        assert self.opts.origin_topic is not None
         now = time.monotonic()
-        queues = self._admin.queues(self.opts.origin_topic)
-        ranges = self._admin.topic_offsets(self.opts.origin_topic, queues)
-        unmoved = []
-        for queue in queues:
-            end = ranges[queue].max_offset
-            seen = self._origin_ends.get(queue.queue_id)
-            if seen is None or seen[0] != end:
-                self._origin_ends[queue.queue_id] = seen = (end, now)
-            if (now - seen[1]) * 1000 >= self.opts.idle_timeout_ms:
-                unmoved.append(queue)
-        # Committed offsets after the ends: a commit at or past the end read above
-        # means the stage processed everything the queue held then.
-        committed = self._admin.group_offsets(self.opts.group, self.opts.origin_topic, unmoved)
         idle = []
-        for queue in unmoved:
-            floor = committed[queue]
-            if floor is None:
-                floor = ranges[queue].min_offset
-            if floor >= ranges[queue].max_offset:
-                idle.append(queue.queue_id)
+        for topic, base in self.opts.origin_topics:
+            queues = self._admin.queues(topic)
+            ranges = self._admin.topic_offsets(topic, queues)
+            unmoved = []
+            for queue in queues:
+                end = ranges[queue].max_offset
+                seen = self._origin_ends.get((topic, queue.queue_id))
+                if seen is None or seen[0] != end:
+                    self._origin_ends[(topic, queue.queue_id)] = seen = (end, now)
+                if (now - seen[1]) * 1000 >= self.opts.idle_timeout_ms:
+                    unmoved.append(queue)
+            # Committed offsets after the ends: a commit at or past the end read
+            # above means the stage processed everything the queue held then.
+            committed = self._admin.group_offsets(self.opts.group, topic, unmoved)
+            for queue in unmoved:
+                floor = committed[queue]
+                if floor is None:
+                    floor = ranges[queue].min_offset
+                if floor >= ranges[queue].max_offset:
+                    idle.append(base + queue.queue_id)
         return idle
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRanges]:

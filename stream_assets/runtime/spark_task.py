@@ -117,12 +117,12 @@ def _stateful_attempt(
     ctx: TaskContext, queue_id: int, start: int, end: int, idle: tuple[int, ...]
 ) -> TaskStats:
     stage = ctx.stage
-    agg = stage.stage.aggregate
-    assert agg is not None and stage.stage.state_topic is not None
+    head = stage.stage.head
+    assert head is not None and stage.stage.state_topic is not None
     settings = ctx.rocketmq
     admin = admin_for(settings)
     sender = SendBuffer(producer_for(settings))
-    with HANDLES.use(ctx.state_root(), stage.job_id, agg.op_id, queue_id) as store:
+    with HANDLES.use(ctx.state_root(), stage.job_id, head.op_id, queue_id) as store:
         began = time.monotonic()
         reader = reader_for(settings, ctx.group)
         # The queue from the context (no route lookup): one offset query when current.

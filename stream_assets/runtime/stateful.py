@@ -1,4 +1,4 @@
-"""A stateful stage on one shuffle queue: aggregate, fire windows, emit, checkpoint.
+"""A keyed stage on one shuffle queue: aggregate or join, fire windows, emit, checkpoint.
 
 Pure: records come in as an iterable, outputs and changelog leave through a
 :class:`~stream_assets.runtime.ports.Sender`, state lives in the queue's
@@ -20,9 +20,22 @@ proven current against the state topic. Per micro-batch and queue
    time between batches) leave the watermark's minimum; when every origin is
    idle, all open windows fire.
 4. Emit results (fired windows; for unwindowed aggregates the new value of
-   every key changed in the batch) to the stage's sinks, at least once.
+   every key changed in the batch; joined pairs) to the stage's sinks, at
+   least once.
 5. Checkpoint: values, origins, input offset, watermark and owner in one
    WriteBatch, the changelog record sent first and compare-and-appended.
+6. Results bound for another shuffle (a ``key_by`` after this stage's head)
+   go through an *outbox*: committed with the state in step 5, sent only
+   after it, with origin (this queue, the commit's seq, position). A batch
+   replayed after a crash may fire other windows than the attempt that died,
+   so only committed results may travel on; the next batch (or a restore on
+   another executor) re-sends an outbox whose send was not confirmed, and
+   the next stage de-duplicates by origin.
+
+A stream-table join (:class:`~stream_assets.plan.nodes.TableJoin`) keeps the
+table's versions per key and holds each stream record until the watermark
+passes its event time; it then meets the table as of that time, so the result
+does not depend on which topic was read first.
 """
 
 from __future__ import annotations
@@ -33,13 +46,18 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_assets.operators.chain import OperatorChain, UserFunctionError
+from stream_assets.operators.chain import UserFunctionError
+from stream_assets.operators.joins import join_pairs
+from stream_assets.operators.metadata import Metadata
 from stream_assets.plan import nodes as n
+from stream_assets.plan.topology import origin_id
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outputs import StageOutputs, dead_letter
 from stream_assets.runtime.ports import Sender
 from stream_assets.runtime.shuffle_codec import decode, decode_key, encode_key
+from stream_assets.runtime.shuffle_out import ShuffleOut
+from stream_assets.runtime.stateless import stage_graph
 from stream_assets.serde.packing import pack, unpack
 from stream_assets.state.changelog import ChangelogWriter, commit_with_changelog
 from stream_assets.state.errors import FencedError
@@ -49,6 +67,11 @@ from stream_assets.windows import WatermarkTracker, Window, merge_sessions, wind
 _PLAIN = b"k"  # unwindowed: key -> acc
 _WINDOWED = b"w"  # end, start, key -> acc (ordered by end, so firing scans a prefix)
 _SESSION = b"s"  # key -> [[start, end, acc], ...]
+_TABLE = b"t"  # key -> [[ts, value], ...]: a table's versions, oldest first
+_PENDING = b"p"  # ts, key, origin -> [key, value, ts]: stream records waiting for the watermark
+_OUTBOX = b"\x00outbox"  # [seq, [[exit, queue, packed entry], ...]]: results for the next shuffle
+#: A result: (origin for message keys, value, event time, key).
+Result = tuple[str, Any, int, Any]
 _BIAS = 2**63  # signed ms -> unsigned, so byte order is time order
 
 
@@ -110,17 +133,18 @@ def run_keyed_batch(
     idle timeout and that were processed to their end, so nothing more can
     come from them for now.
     """
-    agg = ctx.stage.aggregate
+    agg = ctx.stage.head
     assert agg is not None and ctx.stage.state_topic is not None
     stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
     check_owner(ctx, store)
+    _resend_outbox(ctx, queue_id, store, sender, stats)
     meta = store.next_meta()
     tracker = (
         WatermarkTracker.from_dict(meta.watermark)
         if meta.watermark
         else WatermarkTracker(agg.allowed_lateness_ms)
     )
-    for origin in ctx.source_queues:
+    for origin in ctx.origins:
         tracker.expect(origin)
     idle = frozenset(idle_origins)
     closed_floor: int | None = meta.extra.get("closed")
@@ -143,9 +167,8 @@ def run_keyed_batch(
         return _max_opt(wm_start, None if progress is None else progress - lateness)
 
     state = _BatchState(store)
-    acc_def = agg.accumulator
     late: list[tuple[Any, Any, int, str]] = []
-    changed_plain: set[bytes] = set()
+    changed_plain: dict[bytes, int] = {}  # key -> max event time folded this batch
     got_input = False
 
     def fold(
@@ -163,6 +186,12 @@ def run_keyed_batch(
             stats.late += count
             late.append((key, value, window.end, origin))
             return
+        if isinstance(agg, n.TableJoin):
+            assert window is not None
+            _fold_table(state, key, key_bytes, value, window.start, origin)
+            return
+        assert isinstance(agg, n.Aggregate)
+        acc_def = agg.accumulator
         if window is not None and agg.window is not None and agg.window.is_merging:
             _fold_session(state, acc_def, key_bytes, window, partial, value)
             return
@@ -172,7 +201,9 @@ def run_keyed_batch(
         acc = acc_def.merge(acc, partial) if partial is not None else acc_def.add(acc, value)
         state.put(skey, acc)
         if window is None:
-            changed_plain.add(key_bytes)
+            changed_plain[key_bytes] = max(changed_plain.get(key_bytes, ts_now), ts_now)
+
+    ts_now = 0
 
     for record in records:
         body = decode(record.body)
@@ -187,9 +218,8 @@ def run_keyed_batch(
                 got_input = True
                 stats.records_in += 1
                 try:
-                    windows: list[Window | None] = (
-                        list(agg.window.assign(ts)) if agg.window is not None else [None]
-                    )
+                    ts_now = ts
+                    windows: list[Window | None] = _windows_of(agg, ts)
                     closed = closed_for(src)
                     for w in windows:
                         fold(key, w, None, 1, value, f"{src}/{off}/{sub}", closed)
@@ -209,6 +239,7 @@ def run_keyed_batch(
             # Partials of one batch of the origin: judged by its progress before them.
             closed = closed_for(src)
             for key, ws, we, partial, max_ts, count in body["comb"]:
+                ts_now = max_ts
                 window = Window(ws, we) if ws is not None else None
                 where = f"{src}/{end_origin[0]}"
                 try:
@@ -222,19 +253,28 @@ def run_keyed_batch(
 
     watermark = tracker.watermark(idle)
     all_idle = bool(tracker.origins()) and idle.issuperset(tracker.origins())
-    results: list[tuple[str, dict[str, Any]]] = []
-    if agg.window is None:
-        for key_bytes in sorted(changed_plain):
+    results: list[Result] = []
+    if isinstance(agg, n.TableJoin):
+        fired_end = _fire_pending(state, agg, _max_opt(watermark, closed_floor), all_idle, results)
+        stats.fired = len(results)
+        if all_idle and fired_end is not None:
+            closed_floor = _max_opt(closed_floor, fired_end)
+    elif not isinstance(agg, n.Aggregate):
+        raise TypeError(f"{agg.op_id}: {type(agg).__name__} is not a stateful operator")
+    elif agg.window is None:
+        for key_bytes, ts in sorted(changed_plain.items()):
             key = decode_key(key_bytes)
-            value = acc_def.result(state.get(_PLAIN + key_bytes))
-            results.append((_result_key(key), {"key": key, **value}))
+            value = agg.accumulator.result(state.get(_PLAIN + key_bytes))
+            results.append((_result_key(key), {"key": key, **value}, ts, key))
     else:
         fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), all_idle, results)
         stats.fired = len(results)
         if all_idle and fired_end is not None:
             # Windows fired by idleness stay closed: later records for them are late.
             closed_floor = _max_opt(closed_floor, fired_end)
-    _emit(ctx, sender, stats, agg, results, late)
+    outbox = _emit(ctx, queue_id, meta.seq, sender, stats, agg, results, late)
+    if outbox:
+        state.changes[_OUTBOX] = pack([meta.seq, outbox])
     # Outputs (and dead letters, late records) durable before the changelog
     # says this batch happened: a restore never skips outputs that were lost.
     sender.flush()
@@ -256,7 +296,55 @@ def run_keyed_batch(
         # topic is what fences the previous owner.
         writer = ChangelogWriter(sender, ctx.stage.state_topic, queue_id, ctx.snapshot_every)
         commit_with_changelog(store, state.changes, meta, writer)
+        if outbox:
+            _send_outbox(ctx, queue_id, store, meta.seq, outbox, sender, stats)
     return stats
+
+
+def _windows_of(head: n.Stateful, ts: int) -> list[Window | None]:
+    """The windows a record at ``ts`` counts in; a table join's record is a point in time."""
+    if isinstance(head, n.TableJoin):
+        return [Window(ts, ts + 1)]
+    return list(head.window.assign(ts)) if head.window is not None else [None]
+
+
+def _resend_outbox(
+    ctx: StageContext, queue_id: int, store: QueueStateStore, sender: Sender, stats: TaskStats
+) -> None:
+    """Send the committed outbox again if its send was never confirmed (a crash, a restore)."""
+    if not ctx.stage.exits:
+        return
+    raw = store.get(_OUTBOX)
+    if raw is None:
+        return
+    seq, entries = unpack(raw)
+    if store.meta.extra.get("outbox_sent") != seq:
+        _send_outbox(ctx, queue_id, store, seq, entries, sender, stats)
+
+
+def _send_outbox(
+    ctx: StageContext,
+    queue_id: int,
+    store: QueueStateStore,
+    seq: int,
+    entries: list[list[Any]],
+    sender: Sender,
+    stats: TaskStats,
+) -> None:
+    """Send committed results to the next shuffles, then note locally that they went.
+
+    The note is local (same seq, no changelog write); the next commit carries
+    it into the changelog. Without it, a restore re-sends, and the next stage
+    skips the copies by origin.
+    """
+    out = ShuffleOut(ctx, sender, stats, origin_id(ctx.stage.index, queue_id), combine=False)
+    for exit_index, target, packed in entries:
+        out.per_record[(int(exit_index), int(target))].append((bytes(packed), seq))
+    out.send_all(seq)
+    sender.flush()
+    meta = store.meta.copy()
+    meta.extra["outbox_sent"] = seq
+    store.update_meta(meta)
 
 
 def read_key_state(
@@ -319,7 +407,7 @@ def _fire(
     agg: n.Aggregate,
     fire_to: int | None,
     fire_all: bool,
-    results: list[tuple[str, dict[str, Any]]],
+    results: list[Result],
 ) -> int | None:
     """Remove and collect windows ending at or before ``fire_to``, or all with ``fire_all``.
 
@@ -334,13 +422,20 @@ def _fire(
     def collect(key_bytes: bytes, window: Window, acc: Any) -> None:
         nonlocal fired_end
         key = decode_key(key_bytes)
-        out = {
-            "key": key,
-            **acc_def.result(acc),
-            "window_start": window.start,
-            "window_end": window.end,
-        }
-        results.append((f"{window.start}-{window.end}/{_result_key(key)}", out))
+        result_key = f"{window.start}-{window.end}/{_result_key(key)}"
+        # A window's results happen at its last instant (their event time downstream).
+        ts = window.end - 1
+        if isinstance(agg, n.Join):
+            for left, right in join_pairs(acc_def.result(acc), agg.kind):
+                results.append((result_key, _Joined(agg, left, right), ts, key))
+        else:
+            out = {
+                "key": key,
+                **acc_def.result(acc),
+                "window_start": window.start,
+                "window_end": window.end,
+            }
+            results.append((result_key, out, ts, key))
         fired_end = window.end if fired_end is None else max(fired_end, window.end)
 
     if agg.window is not None and agg.window.is_merging:
@@ -380,31 +475,75 @@ def _fire(
     return fired_end
 
 
+@dataclass(frozen=True)
+class _Joined:
+    """A pair to join: the joiner runs where user functions run (and may fail) in _emit."""
+
+    head: n.Join | n.TableJoin
+    left: Any
+    right: Any
+
+
 def _emit(
     ctx: StageContext,
+    queue_id: int,
+    seq: int,
     sender: Sender,
     stats: TaskStats,
-    agg: n.Aggregate,
-    results: list[tuple[str, dict[str, Any]]],
+    head: n.Stateful,
+    results: list[Result],
     late: list[tuple[Any, Any, int, str]],
-) -> None:
+) -> list[list[Any]]:
+    """Run the stage's operators on each result: sinks send now, exits fill the outbox.
+
+    Returns the outbox: ``[exit, shuffle queue, packed entry]`` with origin
+    (``seq``, position); a result a user function or the shuffle codec
+    rejects is a dead letter, and the others go on.
+    """
     outputs = StageOutputs(ctx, sender, stats)
-    chain = OperatorChain(ctx.stage.ops, outputs.emit)
-    for result_key, value in results:
+    graph = stage_graph(ctx.stage, outputs)
+    exits = range(len(ctx.stage.exits))
+    shuffle = (
+        ShuffleOut(ctx, sender, stats, origin_id(ctx.stage.index, queue_id), combine=False)
+        if ctx.stage.exits
+        else None
+    )
+    outbox: list[list[Any]] = []
+    for result_key, value, ts, key in results:
         outputs.origin = result_key
-        outputs.route_key = _result_key(value["key"])
+        outputs.route_key = _result_key(key)
         try:
-            chain.run(value, 0)
+            if isinstance(value, _Joined):
+                try:
+                    value = value.head.joiner(value.left, value.right)
+                except Exception as exc:
+                    raise UserFunctionError(head.op_id, exc) from exc
+            meta = (
+                Metadata(topic=ctx.stage.input_topic, event_time=ts, result_key=key)
+                if graph.wants_metadata
+                else None
+            )
+            reached = graph.run(value, ts, meta)
+            entries: list[list[Any]] = []
+            if shuffle is not None:
+                for i in exits:
+                    if reached[i]:
+                        first = len(outbox) + len(entries)
+                        keyed = shuffle.key(i, reached[i], seq, first_sub=first)
+                        entries.extend([i, target, packed] for *_, target, _v, _t, packed in keyed)
+            outbox.extend(entries)
         except UserFunctionError as err:
-            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, value, result_key)
-    if agg.late_topic:
+            shown = value if not isinstance(value, _Joined) else [value.left, value.right]
+            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, shown, result_key)
+    if head.late_topic:
         for key, value, window_end, origin in late:
             body = json.dumps(
                 {"key": key, "value": value, "window_end": window_end}, default=str
             ).encode()
             # Keyed by the record's origin, so a replayed batch's copies de-duplicate.
-            sender.send(agg.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
+            sender.send(head.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
     outputs.flush()
+    return outbox
 
 
 def _dead_letter(
@@ -435,3 +574,69 @@ def _max_opt(a: int | None, b: int | None) -> int | None:
     if b is None:
         return a
     return max(a, b)
+
+
+def _fold_table(
+    state: _BatchState, key: Any, key_bytes: bytes, value: Any, ts: int, origin: str
+) -> None:
+    """A table update (side 1) joins the key's versions; a stream record (side 0) waits."""
+    side, item = value
+    if int(side) == 1:
+        skey = _TABLE + key_bytes
+        versions = [v for v in state.get(skey) or [] if v[0] != ts]
+        versions.append([ts, item])
+        versions.sort(key=lambda v: v[0])
+        state.put(skey, versions)
+        return
+    src, off, sub = (int(p) for p in origin.split("/"))
+    pkey = _PENDING + struct.pack(">QQQQ", ts + _BIAS, src, off, sub) + key_bytes
+    state.put(pkey, [key, item, ts])
+
+
+def _fire_pending(
+    state: _BatchState,
+    head: n.TableJoin,
+    fire_to: int | None,
+    fire_all: bool,
+    results: list[Result],
+) -> int | None:
+    """Join and remove stream records the watermark passed (all with ``fire_all``).
+
+    Returns one past the latest event time joined (what is closed now).
+    """
+
+    def due(ts: int) -> bool:
+        return fire_all or (fire_to is not None and ts < fire_to)
+
+    due_keys: set[bytes] = set()
+    for raw, _ in state.store.items(_PENDING):
+        if not due(struct.unpack_from(">Q", raw, 1)[0] - _BIAS):
+            break  # ordered by event time
+        due_keys.add(raw)
+    due_keys |= {
+        k
+        for k, v in state.cache.items()
+        if k.startswith(_PENDING)
+        and v is not None
+        and due(struct.unpack_from(">Q", k, 1)[0] - _BIAS)
+    }
+    fired_end: int | None = None
+    for raw in sorted(due_keys):
+        pending = state.get(raw)
+        if pending is None:
+            continue
+        key, item, ts = pending
+        key_bytes = raw[33:]
+        versions = state.get(_TABLE + key_bytes) or []
+        current = [v for v in versions if v[0] <= ts]
+        table_value = current[-1][1] if current else None
+        src, off, sub = struct.unpack_from(">QQQ", raw, 9)
+        result_key = f"{ts}/{src}/{off}/{sub}/{_result_key(key)}"
+        if current or head.kind == "left":
+            results.append((result_key, _Joined(head, item, table_value), ts, key))
+        state.put(raw, None)
+        fired_end = ts + 1 if fired_end is None else max(fired_end, ts + 1)
+        if len(current) > 1:
+            # Older versions can meet no record to come: those are at or after this one.
+            state.put(_TABLE + key_bytes, versions[len(current) - 1 :])
+    return fired_end

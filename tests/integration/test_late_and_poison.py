@@ -173,7 +173,7 @@ def test_an_integer_beyond_64_bits_is_one_dead_letter_and_a_restart_is_clean(
     dead = read_topic(admin, topology.dead_letter_topic)
     assert [json.loads(r.body) for r in dead] == [poison]
     assert "1180591620717411303424" in dead[0].properties["reason"]
-    assert dead[0].properties["operator"] == topology.stages[0].key_by.op_id  # type: ignore[union-attr]
+    assert dead[0].properties["operator"] == topology.stages[0].exits[0].key_by.op_id
 
 
 def test_tuple_and_spaced_keys_deduplicate_on_the_message_key(

@@ -581,7 +581,7 @@ def test_values_the_shuffle_cannot_encode_go_to_dead_letters(pre_combine: bool) 
         .sink("out")
     )
     topology = builder.build()
-    key_op = topology.stages[0].key_by.op_id  # type: ignore[union-attr]
+    key_op = topology.stages[0].exits[0].key_by.op_id
     rnd = random.Random(6)
     values = [
         {

@@ -38,14 +38,14 @@ def test_non_callable_function_names_the_operator(operator: str) -> None:
         getattr(stream, operator)(42)
 
 
-def test_key_by_without_aggregate_names_the_key_by() -> None:
+def test_key_by_without_aggregate_is_refused() -> None:
     builder = StreamBuilder("job")
     builder.source("lines", text_deserializer).flat_map(str.split).key_by(str)
-    with pytest.raises(ValueError, match=r"^job: key_by-2 must be followed by an aggregate"):
+    with pytest.raises(ValueError, match=r"^job: a key_by\(\.\.\.\) is not followed by an agg"):
         builder.build()
 
 
-def test_second_key_by_after_an_aggregate_names_it() -> None:
+def test_a_second_key_by_after_an_aggregate_cuts_a_third_stage() -> None:
     builder = StreamBuilder("job")
     (
         builder.source("lines", text_deserializer)
@@ -58,8 +58,10 @@ def test_second_key_by_after_an_aggregate_names_it() -> None:
         .to_rstream()
         .sink("out")
     )
-    with pytest.raises(ValueError, match=r"^job: key_by-4: a second key_by after an aggregate"):
-        builder.build()
+    stages = builder.build().stages
+    assert [s.upstreams for s in stages] == [(), (0,), (1,)]
+    assert stages[1].output_topics == (stages[2].input_topic,)
+    assert stages[2].sink_topics == ("out",)
 
 
 def test_a_well_formed_topology_builds_two_stages() -> None:

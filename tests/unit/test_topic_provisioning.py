@@ -65,7 +65,9 @@ def test_missing_topics_are_created_once_with_their_queue_counts() -> None:
     fake = FakeAdmin({"sourceTopic": 3})
     lines: list[str] = []
     topics = _provision(fake, lines)
-    assert topics == ProvisionedTopics(broker_name="broker-a", source_queues=(0, 1, 2))
+    assert topics == ProvisionedTopics(
+        broker_name="broker-a", source_queues={"sourceTopic": (0, 1, 2)}
+    )
     assert fake.created == list(topic_queue_counts(wordcount.build(), ENGINE).items())
     assert dict(fake.created) == {
         SHUFFLE: 4,

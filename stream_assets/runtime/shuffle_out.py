@@ -1,0 +1,308 @@
+"""What leaves a stage for the shuffle: keyed, routed, maybe pre-combined, then sent.
+
+Every ``key_by`` a stage reaches is an exit (:class:`~stream_assets.plan.topology.Exit`).
+For each element that reaches one, :meth:`ShuffleOut.key` computes the key,
+its shuffle queue (stable hash of the packed key) and the entry to send
+(``[side, value]`` for a join); :meth:`ShuffleOut.accept` keeps a record's
+entries, and :meth:`ShuffleOut.send_all` sends one message per shuffle queue
+per micro-batch (see :mod:`~stream_assets.runtime.shuffle_codec`), chunked
+under the body limit.
+
+When a stage has one exit whose head is a decomposable aggregate, records are
+pre-combined per key and window before sending (``combine``), except where
+the caller forbids it (see ``StageContext.may_combine``). A shuffle queue's
+batch also goes per record when one of its records is late by its own
+origin's progress within the batch, so that the keyed stage judges lateness
+exactly as without combining.
+
+Example::
+
+    >>> from stream_assets.examples import wordcount
+    >>> from stream_assets.runtime.context import StageContext, TaskStats
+    >>> ctx = StageContext.of(wordcount.build("wc", "in", "out"), 0, shuffle_queues=2)
+    >>> out = ShuffleOut(ctx, sender=None, stats=TaskStats(), src=0, combine=False)
+    >>> from stream_assets.runtime.shuffle_codec import unpack
+    >>> [(target, unpack(entry)) for _k, _kb, target, _v, _ts, entry in out.key(0, [("hi", 5)], 7)]
+    [(1, ['hi', 'hi', 5, 7, 0])]
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from stream_assets.operators.chain import Element, UserFunctionError
+from stream_assets.plan import nodes as n
+from stream_assets.plan.topology import Exit
+from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.runtime.context import MAX_BODY_BYTES, StageContext, TaskStats
+from stream_assets.runtime.ports import Sender
+from stream_assets.runtime.shuffle_codec import (
+    ENVELOPE_BYTES,
+    encode_combined,
+    encode_key,
+    pack_record,
+    records_body,
+)
+from stream_assets.serde.packing import PackingError
+
+# A combined message covers every offset of its batch: sub-index above any real one.
+_WHOLE_OFFSET = 2**31 - 1
+
+#: (key bytes, window start, window end): one pre-combined entry of a shuffle queue.
+EntryKey = tuple[bytes, Any, Any]
+#: A per-record shuffle entry: packed, or (key, value, ts, offset, sub) still to pack.
+Packable = bytes | tuple[Any, Any, int, int, int]
+#: One keyed element: (key, key bytes, shuffle queue, value, ts, entry).
+Keyed = tuple[Any, bytes, int, Any, int, Packable]
+_INT64, _UINT64 = -(2**63), 2**64
+_NO_WINDOW: tuple[None] = (None,)
+
+
+class ShuffleOut:
+    """One stage queue's shuffle sends for one micro-batch (origin ``src``)."""
+
+    def __init__(
+        self, ctx: StageContext, sender: Any, stats: TaskStats, src: int, *, combine: bool
+    ) -> None:
+        self.ctx = ctx
+        self.sender: Sender = sender
+        self.stats = stats
+        self.src = src
+        self.exits: tuple[Exit, ...] = ctx.stage.exits
+        head = self.exits[0].head if len(self.exits) == 1 else None
+        self.agg = head if isinstance(head, n.Aggregate) and not isinstance(head, n.Join) else None
+        merging = bool(self.agg and self.agg.window is not None and self.agg.window.is_merging)
+        self.combine = combine and ctx.stage.combine and self.agg is not None and not merging
+        self.router = _KeyRouter(ctx.shuffle_queues)
+        # (exit, shuffle queue) -> [(entry, origin offset)]
+        self.per_record: dict[tuple[int, int], list[tuple[Packable, int]]] = defaultdict(list)
+        self.combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
+        self.combined_records: dict[int, int] = defaultdict(int)
+        self.progress: dict[int, int] = {}  # per shuffle queue: max event time sent this batch
+        self.per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
+
+    def key(
+        self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0
+    ) -> list[Keyed]:
+        """Key and route one record's ``elements`` at one exit; raise UserFunctionError naming
+        the key_by for a key function that fails or a key or value the shuffle cannot carry.
+
+        Sub-indexes count from ``first_sub`` (a keyed stage numbers a batch's results).
+        """
+        exit_ = self.exits[exit_index]
+        key_fn = exit_.key_by.fn
+        lazy = self.combine
+        keyed: list[Keyed] = []
+        for sub, (v, ts) in enumerate(elements, first_sub):
+            try:
+                key = key_fn(v)
+                key_bytes, target = self.router.route(key)
+                shipped = [exit_.key_by.side, v] if exit_.tagged else v
+                # Packed now unless it is certain to pack later: combined
+                # batches rarely send records, and whether a value is a dead
+                # letter must not depend on how its batch went.
+                packed: Packable = (
+                    (key, shipped, ts, offset, sub)
+                    if lazy and _always_packs(v) and _INT64 <= ts < _UINT64
+                    else pack_record(key, shipped, ts, offset, sub)
+                )
+            except PackingError as exc:
+                raise UserFunctionError(exit_.key_by.op_id, _shuffle_error(exc)) from exc
+            except Exception as exc:
+                raise UserFunctionError(exit_.key_by.op_id, exc) from exc
+            keyed.append((key, key_bytes, target, v, ts, packed))
+        return keyed
+
+    def fold(self, keyed: list[Keyed]) -> None:
+        """Fold one record's elements into the batch's partials (all or nothing).
+
+        Also without combining: an aggregate that cannot take a value fails
+        here, where the dead letter still has the original bytes.
+        """
+        if self.agg is None:
+            return
+        _fold(self.agg, keyed, self.combined if self.combine else None)
+        if self.combine and self.agg.window is not None:
+            _check_progress(self.agg, keyed, self.progress, self.per_record_only)
+
+    def accept(self, exit_index: int, keyed: list[Keyed], offset: int) -> None:
+        """Keep a record's keyed elements for sending (after it fully succeeded)."""
+        for _key, _kb, target, _v, _ts, packed in keyed:
+            self.per_record[(exit_index, target)].append((packed, offset))
+            if self.combine:
+                self.combined_records[target] += 1
+
+    def send_all(self, last_offset: int) -> None:
+        """Send the batch: one message (or chunk) per exit and shuffle queue."""
+        combined_targets = set(self.combined) if self.combine else set()
+        sent: set[tuple[int, int]] = set()
+        for target in sorted(combined_targets):
+            if target in self.per_record_only:
+                continue
+            body = self._combined_body(target, last_offset)
+            if body is not None:
+                self._send(0, target, body, last_offset)
+                self.stats.shuffle_records += len(self.combined[target])
+                sent.add((0, target))
+        for exit_index, target in sorted(self.per_record):
+            if (exit_index, target) in sent:
+                continue
+            entries = self.per_record[(exit_index, target)]
+            self.stats.shuffle_records += len(entries)
+            for chunk, last in _chunks(_packed(entries)):
+                self._send(exit_index, target, records_body(self.src, chunk), last)
+
+    def _combined_body(self, target: int, last_offset: int) -> bytes | None:
+        try:
+            body = encode_combined(
+                self.src,
+                list(self.combined[target].values()),
+                (last_offset, _WHOLE_OFFSET),
+                self.combined_records[target],
+            )
+        except PackingError:
+            return None  # an accumulator the codec cannot carry: send records
+        return None if len(body) > MAX_BODY_BYTES else body  # too big: records
+
+    def _send(self, exit_index: int, target: int, body: bytes, offset: int) -> None:
+        topic = self.exits[exit_index].topic
+        key = f"{self.ctx.job_id}/{self.src}/{offset}"
+        self.sender.send(topic, body, queue_id=target, key=key)
+        self.stats.shuffle_messages += 1
+
+
+def _shuffle_error(exc: PackingError) -> PackingError:
+    return PackingError(f"the shuffle cannot carry this record: {exc}")
+
+
+class _KeyRouter:
+    """Key bytes and shuffle queue of a grouping key, remembered for string keys.
+
+    A micro-batch meets the same keys over and over (a vocabulary of words);
+    packing and hashing each occurrence was a third of stage 0's time. Only
+    ``str`` keys are remembered: for them equality implies the same packed
+    bytes, which is not true of e.g. ``1 == 1.0 == True``.
+    """
+
+    _LIMIT = 1 << 17
+
+    def __init__(self, shuffle_queues: int) -> None:
+        self.shuffle_queues = shuffle_queues
+        self._known: dict[str, tuple[bytes, int]] = {}
+
+    def route(self, key: Any) -> tuple[bytes, int]:
+        if type(key) is str:
+            hit = self._known.get(key)
+            if hit is not None:
+                return hit
+        key_bytes = encode_key(key)
+        routed = (key_bytes, queue_for_key(key_bytes, self.shuffle_queues))
+        if type(key) is str:
+            if len(self._known) >= self._LIMIT:
+                self._known.clear()
+            self._known[key] = routed
+        return routed
+
+
+def _check_progress(
+    agg: n.Aggregate, keyed: list[Keyed], progress: dict[int, int], per_record_only: set[int]
+) -> None:
+    """Mark shuffle queues that must go per record, then advance their progress.
+
+    A record whose window this batch's own earlier records (bound for the same
+    queue) already closed is late by its origin's progress; only the
+    per-record form lets the keyed stage judge that exactly as without combining.
+    """
+    assert agg.window is not None
+    for _key, _kb, target, _v, ts, _packed in keyed:
+        for w in agg.window.assign(ts):
+            if w.end <= progress.get(target, w.end) - agg.allowed_lateness_ms:
+                per_record_only.add(target)
+    for _key, _kb, target, _v, ts, _packed in keyed:
+        progress[target] = max(progress.get(target, ts), ts)
+
+
+def _fold(
+    agg: n.Aggregate,
+    keyed: list[Keyed],
+    combined: dict[int, dict[EntryKey, list[Any]]] | None,
+) -> None:
+    """Fold one record's keyed elements into the batch's partials, all or nothing.
+
+    A slot is ``[key, wstart, wend, acc, max_ts, n]``. Slots are updated in
+    place with an undo log: if ``add`` fails on a later element, the record
+    goes to the dead letters whole and the partials are as before it.
+    ``combined`` None (no pre-combine): ``add`` still runs, on fresh
+    accumulators, so a value the aggregate cannot take fails here too.
+    ``add(acc, v)`` equals ``merge(acc, add(zero, v))`` for the decomposable
+    built-ins, the only ones combined.
+    """
+    acc_def = agg.accumulator
+    window = agg.window
+    undo: list[tuple[dict[EntryKey, list[Any]], EntryKey, list[Any] | None]] = []
+    try:
+        for key, key_bytes, target, value, ts, _packed in keyed:
+            if combined is None:
+                acc_def.add(acc_def.zero(), value)
+                continue
+            slots = combined[target]
+            for w in window.assign(ts) if window is not None else _NO_WINDOW:
+                entry_key = (key_bytes, None, None) if w is None else (key_bytes, w.start, w.end)
+                slot = slots.get(entry_key)
+                if slot is None:
+                    slot = slots[entry_key] = [
+                        key,
+                        entry_key[1],
+                        entry_key[2],
+                        acc_def.zero(),
+                        ts,
+                        0,
+                    ]
+                    undo.append((slots, entry_key, None))
+                else:
+                    undo.append((slots, entry_key, slot.copy()))
+                slot[3] = acc_def.add(slot[3], value)
+                if ts > slot[4]:
+                    slot[4] = ts
+                slot[5] += 1
+    except Exception as exc:
+        for slots, entry_key, before in reversed(undo):
+            if before is None:
+                del slots[entry_key]
+            else:
+                slots[entry_key] = before
+        raise UserFunctionError(agg.op_id, exc) from exc
+
+
+def _always_packs(value: Any) -> bool:
+    """True for values msgpack encodes whatever they hold (checked in O(1))."""
+    kind = type(value)
+    if kind is str:
+        return bool(value.isascii())  # no lone surrogates
+    if kind is int:
+        return bool(_INT64 <= value < _UINT64)
+    return kind is float or kind is bool or kind is bytes or value is None
+
+
+def _packed(entries: list[tuple[Packable, int]]) -> list[tuple[bytes, int]]:
+    return [(e if isinstance(e, bytes) else pack_record(*e), off) for e, off in entries]
+
+
+def _chunks(recs: list[tuple[bytes, int]]) -> list[tuple[list[bytes], int]]:
+    """Split packed records so each message stays under the body limit; with each
+    chunk, the origin offset of its last record."""
+    out: list[tuple[list[bytes], int]] = []
+    chunk: list[bytes] = []
+    size = ENVELOPE_BYTES
+    last = -1
+    for packed, offset in recs:
+        if chunk and size + len(packed) > MAX_BODY_BYTES:
+            out.append((chunk, last))
+            chunk, size = [], ENVELOPE_BYTES
+        chunk.append(packed)
+        size += len(packed)
+        last = offset
+    if chunk:
+        out.append((chunk, last))
+    return out
