@@ -152,7 +152,8 @@ def lineage_asset_specs(topologies: Iterable[Topology]) -> list[dg.AssetSpec]:
                     f"asset key {job_key.to_user_string()!r}; rename one"
                 )
             raise ValueError(f"topology {topology.job_id!r} is listed twice")
-        add(topology.source_topic, "source", topology, written=False)
+        for source in topology.source_topics:
+            add(source, "source", topology, written=False)
         jobs[job_key] = topology
         order.append(job_key)
         outputs = (
@@ -192,17 +193,17 @@ def _topic_spec(node: _TopicNode) -> dg.AssetSpec:
 def _topology_spec(topology: Topology) -> dg.AssetSpec:
     return dg.AssetSpec(
         key=topology_asset_key(topology.job_id),
-        deps=[topic_asset_key(topology.source_topic)],
+        deps=[topic_asset_key(t) for t in topology.source_topics],
         description=(
             f"Streaming topology `{topology.job_id}`: {len(topology.stages)} stage(s), "
-            f"reads `{topology.source_topic}`."
+            f"reads {', '.join(f'`{t}`' for t in topology.source_topics)}."
         ),
         group_name=key_component(topology.job_id),
         kinds={"spark"},
         metadata={
             "job_id": topology.job_id,
             "stages": len(topology.stages),
-            "source_topic": topology.source_topic,
+            "source_topics": ", ".join(topology.source_topics),
             "sink_topics": ", ".join(topology.sink_topics),
         },
     )

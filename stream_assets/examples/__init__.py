@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stream_assets.examples import seed_article, windowed_sum, wordcount
+from stream_assets.examples import ad_join, order_branch, seed_article, windowed_sum, wordcount
 from stream_assets.plan.topology import Topology
 
 EXAMPLES: dict[str, Callable[[], Topology]] = {
     "wordcount": wordcount.build,
     "windowed-sum": windowed_sum.build,
     "seed-article": seed_article.build,
+    "ad-join": ad_join.build,
+    "order-branch": order_branch.build,
 }
