@@ -336,7 +336,9 @@ class TopologyTestDriver:
     - ``max_records_per_batch``: at most this many records per queue per
       batch (default: a queue's whole pending range in one batch); smaller
       batches interleave stage 0 and the stateful stage like a live instance;
-    - ``generation``: the allocation generation the driver commits state as.
+    - ``generation``: the allocation generation the driver commits state as;
+    - ``max_message_size``: the broker's body limit (a sink body over it is a
+      dead letter).
 
     Use it as a context manager (or call :meth:`close`).
     """
@@ -353,6 +355,7 @@ class TopologyTestDriver:
         pre_combine: bool = True,
         max_records_per_batch: int | None = None,
         generation: int = 0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TypeError(
@@ -372,7 +375,7 @@ class TopologyTestDriver:
         self.source_queues = source_queues
         self.shuffle_queues = shuffle_queues
         self.max_records_per_batch = max_records_per_batch
-        self.broker = InMemoryBroker()
+        self.broker = InMemoryBroker(max_message_size=max_message_size)
         #: Stats of every core call, in order (one per queue and batch).
         self.stats: list[TaskStats] = []
         queue_ids = tuple(range(source_queues))
@@ -386,6 +389,7 @@ class TopologyTestDriver:
                 writer=WRITER,
                 snapshot_every=snapshot_every,
                 pre_combine=pre_combine,
+                max_message_size=max_message_size,
                 # A fresh query on empty topics: everything may be combined.
                 combine_from=tuple((q, 0) for q in queue_ids),
             )

@@ -494,10 +494,18 @@ class StatefulOptions:
 class GroupedStream:
     """A keyed stream: window it, then aggregate."""
 
-    def __init__(self, stream: RStream, key: Callable[[Any], Any], window: Any | None) -> None:
+    def __init__(
+        self,
+        stream: RStream,
+        key: Callable[[Any], Any],
+        window: Any | None,
+        root: GroupedStream | None = None,
+    ) -> None:
         self._stream = stream
         self._key = key
         self._window = window
+        #: The key_by(...) handle this one was made from (itself for key_by's own).
+        self._root: GroupedStream = root or self
 
     def window(self, spec: Any) -> GroupedStream:
         """Aggregate per window of ``spec`` (tumbling, sliding or session)."""
@@ -505,9 +513,7 @@ class GroupedStream:
             raise TypeError(
                 f"window: expected a window spec (TumblingWindow.of(...)), got {spec!r}"
             )
-        grouped = GroupedStream(self._stream, self._key, spec)
-        self._stream._b._open_groups.append(grouped)
-        return grouped
+        return GroupedStream(self._stream, self._key, spec, root=self._root)
 
     def _agg(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
         return AggregatedStream(self, [(alias or acc.kind, acc)])
@@ -616,9 +622,9 @@ class AggregatedStream:
         """
         if self._done is None:
             g = self._grouped
-            self._b._open_groups = [
-                x for x in self._b._open_groups if x._stream is not g._stream or x._key is not g._key
-            ]
+            # This key_by is used (also when aggregated through a window(...) handle).
+            if g._root in self._b._open_groups:
+                self._b._open_groups.remove(g._root)
             key_by = g._stream._key_by_node(g._key)
             o = self._options
             node = n.Aggregate(

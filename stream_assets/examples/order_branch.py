@@ -19,11 +19,11 @@ from stream_assets.serde import json_deserializer
 
 
 def _small(order: dict[str, Any]) -> bool:
-    return 0 < order["amount"] < 100
+    return bool(0 < order["amount"] < 100)
 
 
 def _large(order: dict[str, Any]) -> bool:
-    return order["amount"] >= 100
+    return bool(order["amount"] >= 100)
 
 
 def build(

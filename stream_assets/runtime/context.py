@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 import pyarrow as pa
 
 from stream_assets.plan.topology import Stage, Topology, origin_id
+from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
 
 #: Shuffle bodies stay under the broker's 4 MiB message limit.
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -53,6 +54,8 @@ class StageContext:
     #: in every changelog record, so the state topic says who owns a queue.
     generation: int = 0
     writer: str = ""
+    #: The client's message size limit: a sink body over it is that record's dead letter.
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
 
     @classmethod
     def of(

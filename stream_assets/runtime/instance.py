@@ -221,6 +221,7 @@ class Instance:
                 source_queues=self._source_queues,
                 generation=self.generation,
                 writer=self.writer,
+                max_message_size=self.rocketmq.max_message_size,
             ),
             rocketmq=self.rocketmq,
             group=self.group,

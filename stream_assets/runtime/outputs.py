@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from stream_assets.plan import nodes as n
-from stream_assets.rocketmq.records import Record
+from stream_assets.rocketmq.records import Record, checked_body
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.ports import Sender
 
@@ -43,7 +43,9 @@ class StageOutputs:
         key = message_key(self.ctx.job_id, node.op_id, self.origin, str(self._seq))
         self._seq += 1
         if isinstance(node, n.Sink):
-            body = node.serializer(value)
+            # Checked here, not at the flush: a body the broker cannot take is
+            # this record's dead letter, not the whole batch's failure.
+            body = checked_body(node.topic, node.serializer(value), self.ctx.max_message_size)
             route_key = self.route_key
             if node.key is not None:
                 user_key = str(node.key(value))

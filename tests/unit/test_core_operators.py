@@ -674,3 +674,85 @@ def test_a_result_key_with_a_space_stays_one_message_key() -> None:
         driver.advance()
         [record] = driver.output_records()
         assert len(record.keys) == 1
+
+
+def test_a_sink_body_the_broker_cannot_take_is_that_records_dead_letter() -> None:
+    """A serializer returning text, or a body over the size limit, fails its record only."""
+    limit = 1024
+
+    def serialize(v: dict[str, Any]) -> Any:
+        if v["kind"] == "text":
+            return json.dumps(v)  # str, not bytes
+        if v["kind"] == "huge":
+            return b"x" * (limit + 1)
+        return json.dumps(v).encode()
+
+    builder = StreamBuilder("bodies")
+    builder.source("in", json_deserializer).sink("out", serialize)
+    topology = builder.build()
+    values = [{"n": i, "kind": ["ok", "text", "huge"][i % 3]} for i in range(30)]
+    with TopologyTestDriver(topology, source_queues=1, max_message_size=limit) as driver:
+        driver.pipe_many(values)
+        driver.advance()
+        assert [json.loads(b)["n"] for b in driver.outputs("out")] == [
+            v["n"] for v in values if v["kind"] == "ok"
+        ]
+        letters = driver.dead_letters()
+    assert sorted(json.loads(body)["n"] for body, _ in letters) == [
+        v["n"] for v in values if v["kind"] != "ok"
+    ]
+    sink_op = next(iter(topology.stages[0].nodes))
+    reasons = {json.loads(body)["kind"]: props for body, props in letters}
+    assert reasons["text"]["operator"] == sink_op and "bytes" in reasons["text"]["reason"]
+    assert "MessageTooLarge" in reasons["huge"]["reason"]
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
+    monkeypatch: pytest.MonkeyPatch, restore: bool
+) -> None:
+    """Crash after the commit, before the outbox went: the next batch (or a restore
+    elsewhere) sends it, and the next stage applies every result exactly once."""
+    from stream_assets.runtime import stateful
+    from stream_assets.windows import Time, TumblingWindow
+
+    builder = StreamBuilder("outbox")
+    (
+        builder.source("in", text_deserializer)
+        .flat_map(str.split)
+        .key_by(lambda w: w)
+        .window(TumblingWindow.of(Time.seconds(60)))
+        .count()
+        .to_rstream()
+        .key_by(lambda r: r["count"])
+        .count("words")
+        .to_rstream()
+        .sink("hist")
+    )
+    rnd = random.Random(4)
+    lines = [" ".join(rnd.choices("abcdefghij", k=5)) for _ in range(40)]
+    reference = Counter(Counter(w for line in lines for w in line.split()).values())
+    real_send = stateful._send_outbox
+    crashes = []
+
+    def crash_once(*args: Any, **kwargs: Any) -> None:
+        if not crashes:
+            crashes.append(1)
+            raise RuntimeError("executor lost after the commit")
+        real_send(*args, **kwargs)
+
+    monkeypatch.setattr(stateful, "_send_outbox", crash_once)
+    with TopologyTestDriver(builder.build(), source_queues=2, shuffle_queues=1) as driver:
+        driver.pipe_many(lines, event_time=1_000)
+        driver.advance()
+        with pytest.raises(RuntimeError, match="executor lost"):
+            driver.advance_idle()  # the window fires; its results are committed, not sent
+        if restore:
+            driver.restore_state()
+        driver.advance_idle()
+        hist = {v["key"]: v["words"] for v in driver.outputs("hist")}
+        assert crashes and hist == dict(reference)
+        head = driver.topology.stages[2].head
+        assert head is not None
+        for count, words in reference.items():
+            assert driver.state(count, operator=head.op_id) == {"words": words}
