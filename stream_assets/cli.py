@@ -6,6 +6,7 @@ Examples::
     stream-assets topic create orders --queues 8
     stream-assets topic offsets orders
     stream-assets roundtrip             # produce and read back, printing what it did
+    stream-assets reset wordcount --to-time 2025-11-21T14:30:00Z   # show the plan; --yes applies
 """
 
 from __future__ import annotations
@@ -87,6 +88,72 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state(args: argparse.Namespace) -> int:
+    from stream_assets.control.state_query import parse_key, parse_window, query_state
+
+    key = parse_key(args.key, as_json=args.json)
+    window = parse_window(args.window) if args.window else None
+    answer = query_state(
+        args.topology,
+        key,
+        window=window,
+        operator=args.operator,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
+    if not answer.found:
+        # Not an error of the command: the key has no committed state (yet).
+        what = "no open window" if answer.windowed and window is None else "no state"
+        why = (
+            "fired windows leave the state (their results are in the sink topic), or the key "
+            "was never seen"
+            if answer.windowed
+            else "the key was never seen"
+        )
+        print(
+            f"{what} for key {key!r} in queue {answer.queue_id} of {answer.state_topic} "
+            f"(read to seq {answer.seq}): {why}; a key is a string unless --json "
+            "(numbers, lists)",
+            file=sys.stderr,
+        )
+        return 1
+    print(answer.value_json(indent=2))  # stdout holds only the JSON value (pipe it to jq)
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    import contextlib
+    import os
+    from pathlib import Path
+
+    from stream_assets.control.registry import registration
+    from stream_assets.control.reset import parse_reset_time
+    from stream_assets.control.reset_guard import run_reset_command
+    from stream_assets.settings import EngineSettings, RocketMQSettings
+
+    target = parse_reset_time("earliest" if args.to_earliest else args.to_time)
+    try:
+        topology = registration(args.topology).topology()
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    root = Path(args.state_dir) if args.state_dir else EngineSettings().resolved_state_dir()
+    with contextlib.ExitStack() as stack:
+        instance = None
+        if os.environ.get("DAGSTER_HOME"):
+            # Its runs and supervisor are what may still run the topology.
+            import dagster as dg
+
+            instance = stack.enter_context(dg.DagsterInstance.get())
+        return run_reset_command(
+            topology,
+            target,
+            apply=args.yes,
+            settings=RocketMQSettings(),
+            state_root=root,
+            instance=instance,
+            say=lambda line: print(line, file=sys.stderr),
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``stream-assets``."""
     parser = argparse.ArgumentParser(prog="stream-assets", description=__doc__.splitlines()[0])
@@ -115,6 +182,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="wordcount only: produce N generated lines, run until done, check the counts",
     )
     run.set_defaults(func=_run)
+
+    state = sub.add_parser(
+        "state", help="read a key's current aggregate from a topology's state topic"
+    )
+    state.add_argument("action", choices=["get"])
+    state.add_argument("topology", help="a registered topology (job id)")
+    state.add_argument("key", help="the grouping key; a string unless --json")
+    state.add_argument(
+        "--json", action="store_true", help="parse KEY as JSON (42 is an int, [1, 2] a tuple)"
+    )
+    state.add_argument(
+        "--window", metavar="START,END", help="one window of a windowed aggregate (epoch ms)"
+    )
+    state.add_argument(
+        "--operator", metavar="OP_ID", help="the aggregate, when the topology has several"
+    )
+    state.set_defaults(func=_state)
+
+    reset = sub.add_parser(
+        "reset",
+        help="reset a topology to its first offsets or to a time; results are recomputed",
+    )
+    reset.add_argument("topology", help="a registered topology (job id)")
+    when = reset.add_mutually_exclusive_group(required=True)
+    when.add_argument("--to-earliest", action="store_true", help="each queue's first offset")
+    when.add_argument(
+        "--to-time",
+        metavar="TIME",
+        help="ISO 8601 with a UTC offset (2025-11-21T14:30:00Z) or epoch ms: the first message "
+        "stored at or after it",
+    )
+    reset.add_argument("--yes", action="store_true", help="apply the plan (default: show it)")
+    reset.add_argument(
+        "--state-dir", metavar="PATH", help="local state root (default: the engine's state dir)"
+    )
+    reset.set_defaults(func=_reset)
     return parser
 
 

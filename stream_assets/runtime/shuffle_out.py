@@ -75,8 +75,9 @@ class ShuffleOut:
         merging = bool(self.agg and self.agg.window is not None and self.agg.window.is_merging)
         self.combine = combine and ctx.stage.combine and self.agg is not None and not merging
         self.router = _KeyRouter(ctx.shuffle_queues)
-        # (exit, shuffle queue) -> [(entry, origin offset)]
-        self.per_record: dict[tuple[int, int], list[tuple[Packable, int]]] = defaultdict(list)
+        # (shuffle topic, queue) -> [(entry, origin offset)]: exits to one topic (both
+        # sides of a join from one stage) share one message and one origin order.
+        self.per_record: dict[tuple[str, int], list[tuple[Packable, int]]] = defaultdict(list)
         self.combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
         self.combined_records: dict[int, int] = defaultdict(int)
         self.progress: dict[int, int] = {}  # per shuffle queue: max event time sent this batch
@@ -128,30 +129,32 @@ class ShuffleOut:
 
     def accept(self, exit_index: int, keyed: list[Keyed], offset: int) -> None:
         """Keep a record's keyed elements for sending (after it fully succeeded)."""
+        topic = self.exits[exit_index].topic
         for _key, _kb, target, _v, _ts, packed in keyed:
-            self.per_record[(exit_index, target)].append((packed, offset))
+            self.per_record[(topic, target)].append((packed, offset))
             if self.combine:
                 self.combined_records[target] += 1
 
     def send_all(self, last_offset: int) -> None:
         """Send the batch: one message (or chunk) per exit and shuffle queue."""
         combined_targets = set(self.combined) if self.combine else set()
-        sent: set[tuple[int, int]] = set()
+        sent: set[tuple[str, int]] = set()
         for target in sorted(combined_targets):
             if target in self.per_record_only:
                 continue
             body = self._combined_body(target, last_offset)
             if body is not None:
-                self._send(0, target, body, last_offset)
+                topic = self.exits[0].topic
+                self._send(topic, target, body, last_offset)
                 self.stats.shuffle_records += len(self.combined[target])
-                sent.add((0, target))
-        for exit_index, target in sorted(self.per_record):
-            if (exit_index, target) in sent:
+                sent.add((topic, target))
+        for topic, target in sorted(self.per_record):
+            if (topic, target) in sent:
                 continue
-            entries = self.per_record[(exit_index, target)]
+            entries = self.per_record[(topic, target)]
             self.stats.shuffle_records += len(entries)
             for chunk, last in _chunks(_packed(entries)):
-                self._send(exit_index, target, records_body(self.src, chunk), last)
+                self._send(topic, target, records_body(self.src, chunk), last)
 
     def _combined_body(self, target: int, last_offset: int) -> bytes | None:
         try:
@@ -165,8 +168,7 @@ class ShuffleOut:
             return None  # an accumulator the codec cannot carry: send records
         return None if len(body) > MAX_BODY_BYTES else body  # too big: records
 
-    def _send(self, exit_index: int, target: int, body: bytes, offset: int) -> None:
-        topic = self.exits[exit_index].topic
+    def _send(self, topic: str, target: int, body: bytes, offset: int) -> None:
         key = f"{self.ctx.job_id}/{self.src}/{offset}"
         self.sender.send(topic, body, queue_id=target, key=key)
         self.stats.shuffle_messages += 1

@@ -339,7 +339,8 @@ def _send_outbox(
     """
     out = ShuffleOut(ctx, sender, stats, origin_id(ctx.stage.index, queue_id), combine=False)
     for exit_index, target, packed in entries:
-        out.per_record[(int(exit_index), int(target))].append((bytes(packed), seq))
+        topic = ctx.stage.exits[int(exit_index)].topic
+        out.per_record[(topic, int(target))].append((bytes(packed), seq))
     out.send_all(seq)
     sender.flush()
     meta = store.meta.copy()

@@ -77,8 +77,13 @@ def run_source_batch(
             meta = Metadata.of(record, ts) if graph.wants_metadata else None
             reached = graph.run(value, ts, meta)
             keyed: list[list[Keyed]] = []
+            subs: dict[str, int] = {}  # per shuffle topic: sub-indexes used by this record
             for i in exits:
-                k = shuffle.key(i, reached[i], offset) if reached[i] else []
+                k: list[Keyed] = []
+                if reached[i]:
+                    topic = stage.exits[i].topic
+                    k = shuffle.key(i, reached[i], offset, first_sub=subs.get(topic, 0))
+                    subs[topic] = subs.get(topic, 0) + len(k)
                 shuffle.fold(k)
                 keyed.append(k)
         except UserFunctionError as err:

@@ -230,8 +230,9 @@ def _catch_up(
 
     Valid records form one chain, each built on everything before it, so the
     deltas after this store's log end continue exactly its history (seq + 1,
-    + 2, ...). Anything else (retention dropped them, a gap) raises, and the
-    caller restores in full. Snapshots in the tail repeat what the deltas hold.
+    + 2, ...). Anything else (retention dropped them, a gap, a reset's empty
+    snapshot) raises, and the caller restores in full. Snapshots in the tail
+    repeat what the deltas hold.
     """
     started = time.perf_counter()
     mine = store.meta
@@ -240,7 +241,7 @@ def _catch_up(
         raise StateRestoreError(f"{queue.topic}[{queue.queue_id}]: the tail was dropped")
     replay = _Replay(store, reader, queue, end, progress)
     replay.expect(mine.log_end)
-    replay.deltas(replay.records(mine.log_end), applied=mine.seq)
+    replay.deltas(replay.records(mine.log_end), applied=mine.seq, catching_up=True)
     replay.report()
     store.update_meta(replace(store.meta, log_end=end))
     return RestoreResult(
@@ -453,11 +454,31 @@ class _Replay:
 
     # -- deltas ------------------------------------------------------------
 
-    def deltas(self, records: Iterator[tuple[int, ChangelogRecord]], applied: int) -> None:
-        """Apply every delta after seq ``applied``, the last complete write of each seq."""
+    def deltas(
+        self,
+        records: Iterator[tuple[int, ChangelogRecord]],
+        applied: int,
+        catching_up: bool = False,
+    ) -> None:
+        """Apply every delta after seq ``applied``, the last complete write of each seq.
+
+        ``catching_up``: the store kept its own history up to ``applied`` and
+        takes only what follows. A snapshot in that tail is normally of a seq
+        already reached (it is written after its seq's delta); one of a later
+        seq is not of this history: a reset wrote it (state/reset.py). Raises
+        then, so the caller restores in full, from that snapshot.
+        """
         pending: tuple[int, Changes, StateMeta] | None = None
         partial: dict[bytes, dict[int, Delta]] = {}
-        for _offset, record in records:
+        for offset, record in records:
+            if catching_up and isinstance(record, SnapBegin):
+                reached = pending[0] if pending is not None else applied
+                if record.seq > reached:
+                    raise StateRestoreError(
+                        f"{self.queue.topic}[{self.queue.queue_id}]: snapshot of seq "
+                        f"{record.seq} at offset {offset} after seq {reached}: a new history "
+                        "starts there (a reset); restore in full"
+                    )
             if not isinstance(record, Delta) or record.seq <= applied:
                 continue  # snapshots of other attempts, or seqs already applied
             whole = self._whole(record, partial)

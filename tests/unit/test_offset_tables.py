@@ -405,3 +405,21 @@ def test_a_connection_the_broker_closed_while_idle_is_replaced_once(fake: Any) -
     broker.drop_connections()
     assert list(admin.group_offsets("g", "t", queues).values()) == [1, 2, 3]
     assert broker.accepted == accepted + 1
+
+
+def test_offset_for_timestamp_sends_topic_queue_and_time_and_reads_the_offset(fake: Any) -> None:
+    def answer(code: int, fields: dict[str, str]) -> Answer:
+        assert code == 29  # SEARCH_OFFSET_BY_TIMESTAMP
+        if fields["queueId"] == "2":
+            return 1, {}, b""  # SYSTEM_ERROR
+        return 0, {"offset": str(int(fields["timestamp"]) % 1000 + int(fields["queueId"]))}, b""
+
+    broker, admin = fake(answer, queues=3)
+    queues = admin.queues("t")
+    assert admin.offset_for_timestamp(queues[1], 1_763_735_400_042) == 43
+    assert broker.received[-1] == (
+        29,
+        {"topic": "t", "queueId": "1", "timestamp": "1763735400042", "boundaryType": "LOWER"},
+    )
+    with pytest.raises(RemotingError, match=r"offset by timestamp of t\[2\]"):
+        admin.offset_for_timestamp(queues[2], 5)
