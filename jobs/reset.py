@@ -30,9 +30,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from jobs.failures import failure, registered
 from resources.rocketmq import RocketMQResource
 from resources.state_store import RocksDBStateStoreResource
-from stream_assets.control.registry import REGISTRY
 from stream_assets.control.reset import (
     ResetPlan,
     ResetRefusedError,
@@ -73,10 +73,6 @@ class ResetConfig(dg.Config):
     stop_timeout_s: float = 300.0
 
 
-def _fail(message: str) -> dg.Failure:
-    return dg.Failure(description=message)
-
-
 @dg.op
 def reset(
     context: dg.OpExecutionContext,
@@ -85,16 +81,12 @@ def reset(
     state_store: RocksDBStateStoreResource,
 ) -> None:
     """Reset ``config.topology`` to ``config.to_time``: offsets, state topics, local stores."""
-    if config.topology not in REGISTRY:
-        raise _fail(
-            f"unknown topology {config.topology!r}; registered: {sorted(REGISTRY)}. "
-            "Nothing was changed."
-        )
+    reg = registered(config.topology)
     try:
         target = parse_reset_time(config.to_time)
     except ValueError as exc:
-        raise _fail(f"{exc}. Nothing was changed.") from exc
-    topology = REGISTRY[config.topology].topology()
+        raise failure(f"{exc}. Nothing was changed.") from exc
+    topology = reg.topology()
     root = state_store.root()
     with RocketMQAdmin(rocketmq.settings()) as admin:
         reader = QueueReader(admin, f"{topology.job_id}-reset")
@@ -112,7 +104,7 @@ def reset(
             runs = active_runs(context.instance, config.topology, context.run_id)
             if runs and not config.stop_instances:
                 pause.restore()
-                raise _fail(refusal_message(config.topology, runs, _HOW_TO_STOP))
+                raise failure(refusal_message(config.topology, runs, _HOW_TO_STOP))
             if runs:
                 _stop(context, runs, config.stop_timeout_s, pause)
                 context.log.info("planning again: the stopped instances committed their last batch")
@@ -121,9 +113,9 @@ def reset(
                 result = apply_reset(made, admin, progress=context.log.info)
             except ResetRefusedError as exc:
                 pause.restore()  # it changed nothing
-                raise _fail(str(exc)) from exc
+                raise failure(str(exc)) from exc
             except (StateError, RocketMQError) as exc:
-                raise _fail(f"the reset failed part-way: {exc}. {pause.left_paused()}") from exc
+                raise failure(f"the reset failed part-way: {exc}. {pause.left_paused()}") from exc
             except Exception:
                 context.log.error(pause.left_paused())
                 raise
@@ -158,7 +150,7 @@ def _plan(
             topology, target, admin, reader, state_root=root, progress=context.log.info
         )
     except (RocketMQError, ValueError) as exc:
-        raise _fail(f"cannot plan the reset: {exc}. Nothing was changed.") from exc
+        raise failure(f"cannot plan the reset: {exc}. Nothing was changed.") from exc
     context.log.info(made.describe())
     return made
 
@@ -182,7 +174,7 @@ def _stop(
                 break
             if time.monotonic() > deadline:
                 pause.restore()
-                raise _fail(
+                raise failure(
                     f"{run.describe()} did not stop within {timeout_s:.0f}s, so the reset was "
                     "not made (it must not run under a live instance); supervision is as before. "
                     "Nothing was changed."

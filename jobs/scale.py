@@ -20,6 +20,7 @@ import time
 
 import dagster as dg
 
+from jobs.failures import failure, registered
 from jobs.supervisor import instance_runs, run_index, serves
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
@@ -33,7 +34,6 @@ from stream_assets.control.allocation import (
     topology_queues,
 )
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
-from stream_assets.control.registry import REGISTRY
 from stream_assets.control.restore import restore_queues
 from stream_assets.control.topics import provision_topics
 from stream_assets.plan.topology import Topology
@@ -54,10 +54,6 @@ class ScaleConfig(dg.Config):
     start_timeout_s: float = 600.0
 
 
-def _fail(message: str) -> dg.Failure:
-    return dg.Failure(description=message)
-
-
 @dg.op
 def scale(
     context: dg.OpExecutionContext,
@@ -67,20 +63,15 @@ def scale(
     state_store: RocksDBStateStoreResource,
 ) -> None:
     """Scale ``config.topology`` to ``config.target_instances`` instances."""
-    if config.topology not in REGISTRY:
-        raise _fail(
-            f"unknown topology {config.topology!r}; registered: {sorted(REGISTRY)}. "
-            "Nothing was changed."
-        )
+    reg = registered(config.topology)
     if config.target_instances < 1:
-        raise _fail(
+        raise failure(
             f"target_instances must be at least 1, got {config.target_instances}; to stop a "
             "topology cancel its instance runs. Nothing was changed."
         )
-    reg = REGISTRY[config.topology]
     strategy = config.strategy or reg.strategy
     if strategy not in STRATEGIES:
-        raise _fail(f"unknown strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
+        raise failure(f"unknown strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
     topology = reg.topology()
     settings = rocketmq.settings()
     engine = spark.engine_settings(state_dir=state_store.root())
@@ -90,7 +81,7 @@ def scale(
         admin.master_brokers()
         topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:
-        raise _fail(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc
+        raise failure(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc
 
     store = DesiredStateStore(context.instance)
     current = store.get(config.topology)
@@ -213,7 +204,7 @@ def _verify(
         if ready == set(range(new.instances)):
             break
         if time.monotonic() > deadline:
-            raise _fail(
+            raise failure(
                 f"instances {sorted(set(range(new.instances)) - ready)} of {config.topology} "
                 f"did not start within {config.start_timeout_s:.0f}s. The supervisor sensor "
                 "launches them: is the dagster daemon running (`dagster dev` starts it)?"
@@ -222,7 +213,7 @@ def _verify(
     owned = {(t, q) for t, qs in new.queues_by_topic().items() for q in qs}
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
-        raise _fail(f"allocation leaves queues unowned: {sorted(expected - owned)}")
+        raise failure(f"allocation leaves queues unowned: {sorted(expected - owned)}")
     _await_advancing(context, topology, sorted(expected), deadline, admin, broker_name)
     context.log.info(
         f"{config.topology}: all {new.instances} instances of generation {new.generation} "
@@ -255,7 +246,7 @@ def _await_advancing(
             return
         if time.monotonic() > deadline:
             stuck = sorted(f"{mq.topic}[{mq.queue_id}]" for mq in pending)
-            raise _fail(f"queues not advancing after the scale: {stuck}")
+            raise failure(f"queues not advancing after the scale: {stuck}")
         time.sleep(1.0)
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stream_assets.examples import ad_join, order_branch, seed_article, windowed_sum, wordcount
+from stream_assets.examples import (
+    ad_join,
+    order_branch,
+    seed_article,
+    windowed_sum,
+    word_histogram,
+    wordcount,
+)
 from stream_assets.plan.topology import Topology
 
 EXAMPLES: dict[str, Callable[[], Topology]] = {
@@ -13,4 +20,5 @@ EXAMPLES: dict[str, Callable[[], Topology]] = {
     "seed-article": seed_article.build,
     "ad-join": ad_join.build,
     "order-branch": order_branch.build,
+    "word-histogram": word_histogram.build,
 }

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from stream_assets.examples import wordcount
+from stream_assets.examples import ad_join, word_histogram, wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.settings import RocketMQSettings
@@ -331,3 +331,134 @@ def _windows(admin: RocketMQAdmin, sink: str) -> dict[tuple[str, int, int], int]
         assert keys.setdefault(w, r.keys[0]) == r.keys[0], f"window {w} emitted twice"
         assert by_window.setdefault(w, v["sum"]) == v["sum"], f"window {w} with two sums"
     return by_window
+
+
+def test_a_second_key_by_stage_on_two_workers_with_a_worker_killed_counts_exactly(
+    spark_cluster: SparkCluster,  # noqa: F811
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """Windowed word counts feed a second key_by through the outbox: exactly once, whichever
+    executor runs a queue, with an executor lost mid-stream."""
+    job = unique("it-chist")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    settings = _driver_settings(client_settings)
+    lines = _lines(random.Random(47), 12_000)
+    spec = _spec(
+        spark_cluster,
+        settings,
+        "stream_assets.examples.word_histogram:build",
+        {"job_id": job, "source": source, "sink": sink, "window_s": 60, "idle_timeout_s": 3},
+    )
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
+        driver.wait_started(240)
+        # One producer thread: each queue's born times (the event time) only grow, so
+        # no record is late and every window fires once, when the sources go idle.
+        produce(settings, source, _messages(lines, "h"))
+        killed = spark_cluster.kill_worker(0)
+        assert killed, "worker 0 had no processes to kill"
+        spark_cluster.wait_ready(workers=1, timeout_s=60)
+        # Windows are counted by the born time the broker stored with each message.
+        per_window: collections.Counter[tuple[str, int]] = collections.Counter()
+        for record in read_topic(admin, source):
+            start = record.born_timestamp - record.born_timestamp % 60_000
+            per_window.update((w, start) for w in record.body.decode().split())
+        expected = collections.Counter(per_window.values())
+        spark_cluster.start_worker(0)
+        spark_cluster.wait_ready(workers=2, timeout_s=120)
+
+        def histogram() -> dict[Any, Any]:
+            return final_counts(read_topic(admin, sink), field="words")
+
+        wait_until(lambda: histogram() == dict(expected), CATCH_UP_S, "the histogram", poll_s=1.0)
+        driver.await_caught_up(CATCH_UP_S)
+        metrics = driver.stop(180)["metrics"]
+
+    assert histogram() == dict(expected)
+    assert metrics["1"]["totals"]["late"] == 0
+    for stage in ("0", "1", "2"):
+        assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
+    voids = 0
+    for state_topic in word_histogram.build(job, source, sink).state_topics:
+        voids += _assert_one_history_per_queue(admin, state_topic)
+    _report_state_costs(report, "word histogram (two keyed stages)", metrics["2"], voids)
+
+
+def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
+    spark_cluster: SparkCluster,  # noqa: F811
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    job = unique("it-cjoin")
+    shown, clicked, sink = f"{job}-imp", f"{job}-clk", f"{job}-out"
+    for topic in (shown, clicked):
+        admin.create_topic(topic, 2)
+    settings = _driver_settings(client_settings)
+    rnd = random.Random(53)
+    ads, users = [f"ad{i}" for i in range(5)], [f"u{i}" for i in range(8)]
+
+    def events(count: int, step_ms: int) -> dict[int, list[dict[str, Any]]]:
+        """Per queue, events in time order but for a jitter below the 5 s lateness."""
+        out: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+        for i in range(count):
+            ts = BASE_TS + i * step_ms - rnd.randint(0, 2_000)
+            out[i % 2].append({"ad": rnd.choice(ads), "user": rnd.choice(users), "ts": ts})
+        return out
+
+    impressions, clicks = events(600, 100), events(200, 300)
+    window = 10_000
+    clicks_at: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
+    for c in (c for q in clicks.values() for c in q):
+        clicks_at[(c["ad"], c["user"], c["ts"] - c["ts"] % window)].append(c["ts"])
+    expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    for imp in (i for q in impressions.values() for i in q):
+        matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window), [])
+        for at in matches or [None]:
+            expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
+    spec = _spec(
+        spark_cluster,
+        settings,
+        "stream_assets.examples.ad_join:build",
+        {
+            "job_id": job,
+            "impressions": shown,
+            "clicks": clicked,
+            "sink": sink,
+            "window_s": window // 1000,
+            "idle_timeout_s": 3,
+        },
+    )
+
+    def joined() -> collections.Counter[tuple[Any, ...]]:
+        seen = {r.keys[-1]: json.loads(r.body) for r in read_topic(admin, sink)}
+        return collections.Counter(
+            (v["ad"], v["user"], v["shown_at"], v["clicked_at"]) for v in seen.values()
+        )
+
+    with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
+        driver.wait_started(240)
+        for topic, per_queue in ((shown, impressions), (clicked, clicks)):
+            produce_per_queue(
+                settings,
+                topic,
+                {q: [json.dumps(e).encode() for e in evs] for q, evs in per_queue.items()},
+            )
+        wait_until(
+            lambda: sum(joined().values()) >= sum(expected.values()),
+            CATCH_UP_S,
+            "every impression joined",
+            poll_s=1.0,
+        )
+        driver.await_caught_up(CATCH_UP_S)
+        metrics = driver.stop(180)["metrics"]
+
+    assert joined() == expected
+    assert metrics["2"]["totals"]["late"] == 0
+    (state_topic,) = ad_join.build(job, shown, clicked, sink).state_topics
+    voids = _assert_one_history_per_queue(admin, state_topic)
+    _report_state_costs(report, "ad join (two topics)", metrics["2"], voids)
