@@ -27,6 +27,7 @@ Example::
 import hashlib
 import json
 import os
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -67,28 +68,40 @@ def _write(instance: dg.DagsterInstance, key: str, value: str) -> None:
     instance.daemon_cursor_storage.set_cursor_values({key: value})
 
 
+#: Phases of a rebalance in place (see jobs/scale.py): instances of the new
+#: allocation warm up, then every instance whose queues change releases them,
+#: then all run the new allocation.
+PHASES = ("run", "warm", "release")
+
+
 @dataclass(frozen=True)
 class DesiredState:
     """What a topology's group should look like: ``target_instances`` and their queues.
 
     ``allocation`` is None before the first scale (nothing allocated yet).
-    ``paused`` is set by the scale job while it stops and restores: the
-    supervisor then leaves the topology alone (it would otherwise relaunch the
-    instances the scale job just stopped on purpose).
+    ``target_instances`` 0 is a stopped topology: no instance runs, state and
+    offsets stay where they are, and a later scale resumes exactly.
+    ``paused`` is set while a job (reset) must keep the supervisor away: it
+    then leaves the topology alone. ``phase`` is the step of a rebalance in
+    place the scale job has reached for ``allocation`` (``"run"`` when none
+    is under way).
 
     Example::
 
         >>> DesiredState(2).to_json()
-        '{"allocation":null,"format":1,"paused":false,"target_instances":2}'
+        '{"allocation":null,"format":1,"paused":false,"phase":"run","target_instances":2}'
     """
 
     target_instances: int
     allocation: Allocation | None = None
     paused: bool = False
+    phase: str = "run"
 
     def __post_init__(self) -> None:
-        if self.target_instances < 1:
-            raise ValueError(f"target_instances must be >= 1, got {self.target_instances}")
+        if self.target_instances < 0:
+            raise ValueError(f"target_instances must be >= 0, got {self.target_instances}")
+        if self.phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}")
         # Frozen dataclass with a dict inside (the allocation): not hashable.
 
     __hash__ = None  # type: ignore[assignment]
@@ -101,6 +114,7 @@ class DesiredState:
                 "target_instances": self.target_instances,
                 "allocation": None if self.allocation is None else self.allocation.to_dict(),
                 "paused": self.paused,
+                "phase": self.phase,
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -117,6 +131,7 @@ class DesiredState:
             target_instances=int(data["target_instances"]),
             allocation=None if raw is None else Allocation.from_dict(raw),
             paused=bool(data.get("paused", False)),
+            phase=str(data.get("phase", "run")),
         )
 
 
@@ -134,7 +149,7 @@ class DesiredStateStore:
         True
         >>> store.set("wordcount", DesiredState(3))
         >>> store.get("wordcount")
-        DesiredState(target_instances=3, allocation=None, paused=False)
+        DesiredState(target_instances=3, allocation=None, paused=False, phase='run')
     """
 
     def __init__(self, instance: dg.DagsterInstance) -> None:
@@ -176,7 +191,15 @@ class Heartbeat:
     run_id: str
     ts: float
     lag: dict[str, int] = field(default_factory=dict)
-    pid: int = 0  # the run's process, for operators (and crash tests)
+    pid: int = 0  # the run's process: liveness beside the heartbeat, and what to terminate
+    host: str = ""  # where ``pid`` lives
+    #: Rebalance in place: the latest generation this run has warmed up for,
+    #: released its changed queues for (and when), and runs (since when).
+    warmed: int = -1
+    released: int = -1
+    released_at: float = 0.0
+    running: int = -1
+    running_at: float = 0.0
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -195,6 +218,12 @@ class Heartbeat:
             "ts": self.ts,
             "lag": dict(self.lag),
             "pid": self.pid,
+            "host": self.host,
+            "warmed": self.warmed,
+            "released": self.released,
+            "released_at": self.released_at,
+            "running": self.running,
+            "running_at": self.running_at,
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -210,6 +239,12 @@ class Heartbeat:
             ts=float(data["ts"]),
             lag={str(k): int(v) for k, v in data.get("lag", {}).items()},
             pid=int(data.get("pid", 0)),
+            host=str(data.get("host", "")),
+            warmed=int(data.get("warmed", -1)),
+            released=int(data.get("released", -1)),
+            released_at=float(data.get("released_at", 0.0)),
+            running=int(data.get("running", -1)),
+            running_at=float(data.get("running_at", 0.0)),
         )
 
 
@@ -226,6 +261,12 @@ def record_heartbeat(
     run_id: str,
     ts: float | None = None,
     lag: Mapping[str, int] | None = None,
+    *,
+    warmed: int = -1,
+    released: int = -1,
+    released_at: float = 0.0,
+    running: int = -1,
+    running_at: float = 0.0,
 ) -> Heartbeat:
     """Record that run ``run_id`` (instance ``instance_index`` of ``job_id``) is alive.
 
@@ -248,6 +289,12 @@ def record_heartbeat(
         ts=time.time() if ts is None else ts,
         lag=dict(lag or {}),
         pid=os.getpid(),
+        host=socket.gethostname(),
+        warmed=warmed,
+        released=released,
+        released_at=released_at,
+        running=running,
+        running_at=running_at,
     )
     _write(instance, heartbeat_key(run_id), beat.to_json())
     return beat

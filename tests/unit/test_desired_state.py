@@ -1,6 +1,7 @@
 """Desired state and heartbeats live in the Dagster instance's storage (real instances)."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -120,12 +121,21 @@ def test_heartbeats_by_run(instance: dg.DagsterInstance) -> None:
 def test_heartbeat_with_lag_round_trips(instance: dg.DagsterInstance) -> None:
     record_heartbeat(instance, "wordcount", 2, 1, "run-c", ts=5.5, lag={"sourceTopic": 42})
     assert heartbeats(instance, ["run-c"])["run-c"] == Heartbeat(
-        "wordcount", 2, 1, "run-c", 5.5, {"sourceTopic": 42}, pid=os.getpid()
+        "wordcount",
+        2,
+        1,
+        "run-c",
+        5.5,
+        {"sourceTopic": 42},
+        pid=os.getpid(),
+        host=socket.gethostname(),
     )
 
 
 def test_invalid_desired_state_is_rejected() -> None:
-    with pytest.raises(ValueError, match=">= 1"):
-        DesiredState(0)
+    with pytest.raises(ValueError, match=">= 0"):
+        DesiredState(-1)
+    with pytest.raises(ValueError, match="phase"):
+        DesiredState(1, phase="dance")
     with pytest.raises(ValueError, match="format"):
         DesiredState.from_json('{"format": 99, "target_instances": 1}')
