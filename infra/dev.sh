@@ -3,8 +3,9 @@
 #   bash infra/dev.sh main   set everything up, start the local broker, run the main job
 #   bash infra/dev.sh test   set everything up, run the checks and the whole test suite
 #   bash infra/dev.sh bench wordcount   set up, start the broker, run one benchmark
-# Setup is idempotent: system packages (Java 17, Maven) only if missing, a
-# project-local virtualenv in .venv, the project installed editable into it.
+# Setup is idempotent: system packages (Java 17, Maven; for `test` also Debian's
+# Chromium, for the UI test) only if missing, a project-local virtualenv in .venv,
+# the project installed editable into it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -13,18 +14,43 @@ PY=${PYTHON:-python3}
 
 log() { printf '\033[1m[stream-assets]\033[0m %s\n' "$*" >&2; }
 
+# apt_install "what to install by hand" PACKAGE...: Debian packages through
+# apt-get, as root or through passwordless sudo; otherwise say what is missing.
+apt_install() {
+  local hint=$1; shift
+  local as_root=()
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      as_root=(sudo -n)
+    else
+      log "missing $*: $hint, then re-run"; exit 1
+    fi
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "missing $* (no apt-get here): $hint, then re-run"; exit 1
+  fi
+  log "installing $* (apt-get)"
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 need_system_packages() {
   local missing=()
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
   if ((${#missing[@]})); then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      log "installing ${missing[*]} (apt-get)"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-    else
-      log "missing ${missing[*]}: install Java 17 and Maven, then re-run"; exit 1
-    fi
+    apt_install "install Java 17 and Maven" "${missing[@]}"
   fi
+}
+
+# The UI test (tests/browser) drives a headless system Chromium with Playwright
+# for Python (a dev dependency, launched with executable_path: it never
+# downloads a browser of its own).
+need_browser() {
+  [ -n "${STREAM_ASSETS_TEST_CHROMIUM:-}" ] && return
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 && return
+  apt_install "install Chromium (Debian: apt-get install chromium), or set STREAM_ASSETS_TEST_CHROMIUM to a Chromium binary" chromium
+  chromium --version >/dev/null 2>&1 || { log "chromium was installed but does not run"; exit 1; }
 }
 
 setup_python() {
@@ -52,7 +78,7 @@ setup_env() {
   mkdir -p "$DAGSTER_HOME"
   [ -f "$DAGSTER_HOME/dagster.yaml" ] || cp infra/dagster/dagster.yaml "$DAGSTER_HOME/dagster.yaml"
   export PATH="$VENV/bin:$PATH"
-  # Create the SQLite storage once, here: `dagster dev` starts its webserver and
+  # Create the SQLite storage once, here: `dg dev` starts its webserver and
   # daemon together, and two processes initialising a fresh home at once can
   # both stamp the schema version, after which every open fails
   # (dagster-io/dagster#27390).
@@ -65,11 +91,13 @@ case "${1:-}" in
   main)
     setup
     stream-assets broker start
-    dagster job execute -m stream_assets.definitions -j roundtrip_job
-    dagster job execute -m stream_assets.definitions -j wordcount_demo_job
+    # `dg launch`, not the superseded `dagster job execute` (which warns so on every run)
+    dg launch --job roundtrip_job -m stream_assets.definitions
+    dg launch --job wordcount_demo_job -m stream_assets.definitions
     ;;
   test)
     setup
+    need_browser
     log "ruff"; ruff check .
     log "mypy"; mypy
     log "pytest"; pytest -q -p no:cacheprovider "${@:2}"

@@ -3,11 +3,13 @@
 The op starts an :class:`~stream_assets.runtime.instance.Instance` on its
 assignment (restoring state for queues it does not hold locally on the first
 batch), then loops until it is told to stop: it heartbeats into the Dagster
-instance's storage (the supervisor's crash detector), logs asset observations
-with numeric metadata for the topology's sink topics every
-``metrics_interval_s``, and watches for cancellation and for being superseded
-by a newer allocation (fencing). On stop it lets the batch in flight finish,
-which is its final checkpoint, and exits; a cancelled run ends CANCELED.
+instance's storage (the supervisor's crash detector), observes its topology
+asset with its own numbers every ``metrics_interval_s`` (the metrics sensor
+turns them into topology totals), follows rebalances in place
+(:mod:`stream_assets.control.rebalance`: warm up, release, take the new share
+over, or exit when scaled away or stopped), and watches for cancellation. On
+stop it lets the batch in flight finish, which is its final checkpoint, and
+exits; a cancelled run ends CANCELED.
 
 Termination needs care: Dagster turns run termination into SIGINT, and
 PySpark's SparkContext installs its own SIGINT handler that cancels every Spark
@@ -15,10 +17,12 @@ job at once. The op therefore installs a handler that only sets a stop flag
 once the SparkSession exists.
 """
 
+import dataclasses
 import json
 import signal
 import threading
 import time
+import weakref
 from typing import Any
 
 import dagster as dg
@@ -28,7 +32,14 @@ from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.desired_state import DesiredStateStore, record_heartbeat
-from stream_assets.control.lineage import topic_asset_key
+from stream_assets.control.lineage import topology_asset_key
+from stream_assets.control.metrics import (
+    MetricsSettings,
+    RateMeters,
+    instance_metadata,
+    instance_numbers,
+)
+from stream_assets.control.rebalance import Progress, RebalanceFollower
 from stream_assets.control.registry import (
     GENERATION_TAG,
     IDLE_TAG,
@@ -120,9 +131,25 @@ def run_instance(
             "this instance owns no queue: it stays idle (more instances than queues)"
         )
     stop = threading.Event()
-    inst.start()
+    state = DesiredStateStore(context.instance).get(config.topology)
+    # Launched for a generation whose rebalance is still under way (a scale-out):
+    # warm up now, take the queues over when the scale job says "run".
+    joining = (
+        state is not None
+        and state.phase != "run"
+        and state.allocation is not None
+        and state.allocation.generation == config.generation
+    )
+    inst.start(run_queries=not joining)
+    follower = RebalanceFollower(
+        inst,
+        config.instance_index,
+        config.generation - 1 if joining else config.generation,
+        assignment,
+        context.log.info,
+    )
     _take_over_stop_signals(stop)
-    reason = _supervise(context, config, inst, assignment, stop)
+    reason = _supervise(context, config, inst, follower, stop)
     context.log.info(f"stopping ({reason}): finishing the batch in flight")
     inst.stop()
     inst.close()
@@ -141,17 +168,24 @@ def _take_over_stop_signals(stop: threading.Event) -> None:
         signal.signal(signal.SIGTERM, request_stop)
 
 
+#: Seconds between looks at the desired state while a rebalance is under way:
+#: the pause of a handover is bounded by how soon each instance notices a phase.
+REBALANCE_POLL_S = 0.2
+
+
 def _supervise(
     context: dg.OpExecutionContext,
     config: InstanceConfig,
     inst: Instance,
-    assignment: dict[str, list[int]] | None,
+    follower: RebalanceFollower,
     stop: threading.Event,
 ) -> str:
-    """Heartbeat and report until a reason to stop; return that reason."""
+    """Heartbeat, report and follow rebalances until a reason to stop; return that reason."""
     desired = DesiredStateStore(context.instance)
     last_metrics = 0.0
-    last_totals: dict[int, dict[str, float]] = {}
+    last_beat = 0.0
+    beaten: Progress | None = None
+    lag: dict[str, dict[int, int]] | None = None
     while True:
         if stop.is_set():
             return "cancelled"
@@ -160,65 +194,80 @@ def _supervise(
             return "cancelled"
         inst.check_failed()
         state = desired.get(config.topology)
-        if (
-            state is not None
-            and state.allocation is not None
-            and not state.paused
-            and assignment is not None
-            and not state.allocation.assigns(config.instance_index, assignment)
-        ):
-            return f"superseded by generation {state.allocation.generation}"
-        lag: dict[str, dict[int, int]] | None
-        try:
-            lag = inst.lag_by_queue()
-        except TRANSIENT as exc:
-            # Keep beating: the stage queries ride out the outage on their own.
-            context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
-            lag = None
-        record_heartbeat(
-            context.instance,
-            config.topology,
-            config.generation,
-            config.instance_index,
-            context.run_id,
-            lag={t: sum(q.values()) for t, q in (lag or {}).items()},
-        )
+        reason = follower.step(state)
+        if reason is not None:
+            return reason
         now = time.monotonic()
+        progressed = beaten != follower.progress
+        if now - last_beat >= config.heartbeat_interval_s or progressed:
+            if now - last_beat >= config.heartbeat_interval_s:
+                try:
+                    lag = inst.lag_by_queue()
+                except TRANSIENT as exc:
+                    # Keep beating: the stage queries ride out the outage on their own.
+                    context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
+                    lag = None
+            p = follower.progress
+            record_heartbeat(
+                context.instance,
+                config.topology,
+                follower.generation,
+                config.instance_index,
+                context.run_id,
+                lag={t: sum(q.values()) for t, q in (lag or {}).items()},
+                warmed=p.warmed,
+                released=p.released,
+                released_at=p.released_at,
+                running=p.running,
+                running_at=p.running_at,
+            )
+            beaten = dataclasses.replace(p)
+            last_beat = now
         if lag is not None and now - last_metrics >= config.metrics_interval_s:
-            _observe(context, inst, lag, last_totals, now - last_metrics if last_metrics else 0.0)
-            last_totals = {i: dict(m.totals) for i, m in inst.metrics.items()}
+            _observe(context, config, inst, lag)
             last_metrics = now
-        stop.wait(config.heartbeat_interval_s)
+        rebalancing = state is not None and state.phase != "run"
+        stop.wait(REBALANCE_POLL_S if rebalancing else config.heartbeat_interval_s / 4)
+
+
+#: Each running Instance's rate history. Kept beside the Instance rather than in
+#: the supervise loop's locals, so a rate spans calls; weak keys drop it with the Instance.
+_RATES: weakref.WeakKeyDictionary[Instance, RateMeters] = weakref.WeakKeyDictionary()
 
 
 def _observe(
     context: dg.OpExecutionContext,
+    config: InstanceConfig,
     inst: Instance,
     lag: dict[str, dict[int, int]],
-    previous: dict[int, dict[str, float]],
-    elapsed_s: float,
 ) -> None:
-    """One AssetObservation per sink topic, with numbers the UI can plot."""
-    stages = inst.topology.stages
-    first, last = inst.metrics[0].totals, inst.metrics[stages[-1].index].totals
-    prev_in = previous.get(0, {}).get("records_in", 0.0)
-    rate = (first.get("records_in", 0.0) - prev_in) / elapsed_s if elapsed_s else 0.0
-    keys, size = inst.state_size()
-    metadata: dict[str, Any] = {
-        "records_in": int(first.get("records_in", 0)),
-        "records_out": int(last.get("outputs", 0)),
-        "records_per_s": round(rate, 1),
-        "lag": sum(sum(q.values()) for q in lag.values()),
-        "dead_letters": int(sum(m.totals.get("dead_letters", 0) for m in inst.metrics.values())),
-        "late": int(last.get("late", 0)),
-        "state_keys": keys,
-        "state_bytes": size,
-        "lag_per_queue": dg.MetadataValue.json(
-            {t: {str(q): v for q, v in qs.items()} for t, qs in lag.items()}
-        ),
-    }
-    for topic in inst.topology.sink_topics:
-        context.log_event(dg.AssetObservation(asset_key=topic_asset_key(topic), metadata=metadata))
+    """Observe the topology asset with this instance's own numbers, keyed by its index.
+
+    Only the topology asset, and only under keys named for this instance
+    (``instance_<i>.records_per_s``, ``instance_<i>.lag``, ...; ``instance`` and
+    ``generation`` say who wrote them): when every instance wrote the same keys
+    on the sink asset, the UI drew one series jumping between instances. The
+    metrics sensor (jobs/metrics.py) sums these into the topology, sink and
+    source totals. Rates are of cumulative counters over at least
+    ``STREAM_ASSETS_METRICS_RATE_WINDOW_S`` of wall time between two samples,
+    so an interval in which no batch ended does not read 0
+    (stream_assets/control/metrics.py).
+    """
+    meters = _RATES.get(inst)
+    if meters is None:
+        meters = _RATES[inst] = RateMeters(MetricsSettings().rate_window_s)
+    numbers = instance_numbers(
+        inst.topology,
+        {i: dict(m.totals) for i, m in inst.metrics.items()},
+        inst.state_size(),
+        lag,
+    )
+    rates = meters.add(time.monotonic(), numbers.counters())
+    # inst.generation, not the run's config: a rebalance in place moves it.
+    metadata = instance_metadata(config.instance_index, inst.generation, numbers, rates)
+    context.log_event(
+        dg.AssetObservation(asset_key=topology_asset_key(inst.topology.job_id), metadata=metadata)
+    )
 
 
 @dg.job(

@@ -1,27 +1,38 @@
-"""The scale job: move a topology to ``target_instances``, queues and state together.
+"""The scale job: move a topology to ``target_instances``, queues and state together, in place.
 
 Steps (each logged; the figures go to the run's output metadata):
 
-1. Check the request (registered topology, target >= 1, broker reachable):
+1. Check the request (registered topology, target >= 0, broker reachable):
    a bad request fails here and changes nothing.
 2. Compute the new allocation (RocketMQ's average allocation, or sticky,
-   which moves fewer queues) and pause the supervisor for this topology.
-3. Cancel only the instance runs whose queues change; each finishes its batch
-   in flight (its final checkpoint) before it exits.
-4. Restore every moved stateful queue's RocksDB from the state topic (latest
-   snapshot + changelog tail), with progress.
-5. Publish the new allocation (new generation) and resume the supervisor,
-   which launches the new instances.
-6. Verify that every instance of the new allocation runs and heartbeats, and
-   that every queue is owned and advancing (or has nothing left to read).
+   which moves fewer queues), a new generation.
+3. **warm**: publish it in phase ``warm``. The supervisor launches the new
+   instances of a scale-out; every instance of the new allocation gets ready
+   while the old one keeps running (SparkSession up, the local stores of the
+   queues it gains brought up to date from the state topic). Wait for all.
+   If an instance cannot warm up, the old allocation is put back: nothing
+   was handed over yet.
+4. **release**: every instance whose share changes finishes its batch in
+   flight and stops its queries; the others keep running. Wait for all.
+5. **run**: every instance starts over its new share as the new generation;
+   instances beyond the new count exit. Wait for all, then verify that every
+   queue is owned and advancing (or has nothing left to read).
+
+Instances keep their process and SparkSession throughout
+(:mod:`stream_assets.control.rebalance`). The pause (no owner for some queue)
+lasts from the first release to the last start, and is recorded as
+``pause_s``. ``target_instances`` 0 stops the topology: every instance
+finishes its batch and exits; state and offsets stay, and a later scale
+resumes exactly.
 """
 
 import time
+from collections.abc import Iterable
 
 import dagster as dg
 
 from jobs.failures import failure, registered
-from jobs.supervisor import instance_runs, run_index, serves
+from jobs.supervisor import instance_runs, run_index
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
@@ -33,13 +44,17 @@ from stream_assets.control.allocation import (
     moves,
     topology_queues,
 )
-from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
-from stream_assets.control.restore import restore_queues
+from stream_assets.control.desired_state import (
+    DesiredState,
+    DesiredStateStore,
+    Heartbeat,
+    heartbeats,
+)
 from stream_assets.control.topics import provision_topics
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
-from stream_assets.runtime.clients import admin_for, reader_for
+from stream_assets.runtime.clients import admin_for
 
 SCALE_JOB = "scale_job"
 
@@ -64,10 +79,10 @@ def scale(
 ) -> None:
     """Scale ``config.topology`` to ``config.target_instances`` instances."""
     reg = registered(config.topology)
-    if config.target_instances < 1:
+    if config.target_instances < 0:
         raise failure(
-            f"target_instances must be at least 1, got {config.target_instances}; to stop a "
-            "topology cancel its instance runs. Nothing was changed."
+            f"target_instances must be 0 (stop) or more, got {config.target_instances}. "
+            "Nothing was changed."
         )
     strategy = config.strategy or reg.strategy
     if strategy not in STRATEGIES:
@@ -86,43 +101,66 @@ def scale(
     store = DesiredStateStore(context.instance)
     current = store.get(config.topology)
     old = current.allocation if current else None
+    if config.target_instances == 0:
+        _stop_all(context, config, store, old)
+        return
     queues = topology_queues(topology, topics.source_queues, engine.shuffle_queues)
     new = allocate(queues, config.target_instances, strategy, previous=old)
     moved = moves(old, new)
     changed = changed_instances(old, new)
+    live = {run_index(r) for r in instance_runs(context.instance, config.topology)}
     context.log.info(
         f"{config.topology}: {old.instances if old else 0} -> {new.instances} instances "
-        f"(generation {new.generation}, {strategy}); {len(moved)} queue moves; restarting "
-        f"instances {sorted(changed)}"
+        f"(generation {new.generation}, {strategy}); {len(moved)} queue moves; instances "
+        f"{sorted(changed)} change their share, in place"
     )
-    store.set(config.topology, DesiredState(config.target_instances, old, paused=True))
-    pause_start = time.time()
-    stopped = _stop_changed(context, config, new)
-    restored = restore_queues(
-        topology,
-        [(m.topic, m.queue_id) for m in moved if m.to_instance is not None],
-        engine.resolved_state_dir(),
-        admin,
-        reader_for(settings, f"{topology.job_id}-scale-restore"),
-        context.log.info,
-    )
-    store.set(config.topology, DesiredState(config.target_instances, new, paused=False))
-    _verify(context, config, topology, new, queues, pause_start, admin, topics.broker_name)
-    pause_s = time.time() - pause_start
-    restore_keys = sum(r.result.keys for r in restored)
-    restore_s = sum(r.result.seconds for r in restored)
+    began = time.time()
+    deadline = time.monotonic() + config.start_timeout_s
+    if not live:
+        # Nothing runs (first deployment, or after a stop): no handover to make.
+        store.set(config.topology, DesiredState(config.target_instances, new))
+        answers = _await(context, config, "start", range(new.instances), new.generation, deadline)
+        pause_s = 0.0
+    else:
+        store.set(config.topology, DesiredState(config.target_instances, new, phase="warm"))
+        warm = range(new.instances)
+        try:
+            _await(context, config, "warm", warm, new.generation, deadline)
+        except dg.Failure:
+            # Nothing was handed over yet: the old allocation simply goes on.
+            if old is not None:
+                store.set(config.topology, DesiredState(old.instances, old))
+            raise
+        warmed_s = time.time() - began
+        store.set(config.topology, DesiredState(config.target_instances, new, phase="release"))
+        everyone = sorted(live | set(range(new.instances)))
+        try:
+            released = _await(context, config, "release", everyone, new.generation, deadline)
+        except dg.Failure as exc:
+            # Going on is safe: a run that still holds queues it lost is fenced by the
+            # new generation's first commit, and fails instead of writing twice.
+            context.log.warning(f"{exc.description}; handing over anyway (fencing)")
+            released = {}
+        store.set(config.topology, DesiredState(config.target_instances, new, phase="run"))
+        answers = _await(context, config, "run", range(new.instances), new.generation, deadline)
+        _await_gone(context, config, range(new.instances), deadline)
+        releases = [b.released_at for i, b in released.items() if i in changed and b.released_at]
+        starts = [b.running_at for i, b in answers.items() if i in changed and b.running_at]
+        pause_s = max(starts) - min(releases) if releases and starts else 0.0
+        context.log.info(
+            f"{config.topology}: warm-up {warmed_s:.1f}s; handover pause {pause_s:.2f}s "
+            f"(first release to last start, instances {sorted(changed)})"
+        )
+    _verify(context, config, topology, new, queues, answers, admin, topics.broker_name, deadline)
     context.add_output_metadata(
         {
             "generation": new.generation,
             "instances_before": old.instances if old else 0,
             "instances_after": new.instances,
             "queues_moved": len(moved),
-            "runs_stopped": len(stopped),
+            "instances_changed": len(changed),
             "pause_s": round(pause_s, 2),
-            "restored_queues": len(restored),
-            "restored_keys": restore_keys,
-            "restore_s": round(restore_s, 3),
-            "restore_keys_per_s": round(restore_keys / restore_s, 1) if restore_s else 0.0,
+            "scale_s": round(time.time() - began, 1),
             "moves": dg.MetadataValue.json(
                 [
                     {
@@ -134,51 +172,90 @@ def scale(
                     for m in moved
                 ]
             ),
-            "restores": dg.MetadataValue.json(
-                [
-                    {
-                        "topic": r.state_topic,
-                        "queue": r.queue_id,
-                        "keys": r.result.keys,
-                        "seq": r.result.seq,
-                        "messages": r.result.messages_read,
-                        "seconds": r.result.seconds,
-                    }
-                    for r in restored
-                ]
-            ),
             "allocation": dg.MetadataValue.json(new.to_dict()),
         }
     )
 
 
-def _stop_changed(
-    context: dg.OpExecutionContext, config: ScaleConfig, new: Allocation
-) -> list[str]:
-    """Cancel the instance runs whose assignment changes; wait for them to end."""
-    to_stop = []
-    for run in instance_runs(context.instance, config.topology):
-        if not serves(run, new):
-            to_stop.append(run.run_id)
-            context.log.info(
-                f"stopping instance {run_index(run)} (run {run.run_id}): its queues change"
+def _stop_all(
+    context: dg.OpExecutionContext,
+    config: ScaleConfig,
+    store: DesiredStateStore,
+    old: Allocation | None,
+) -> None:
+    """Scale to 0: every instance finishes its batch and exits; state and offsets stay."""
+    store.set(config.topology, DesiredState(0, old))
+    context.log.info(f"{config.topology}: stopping every instance (scale to 0)")
+    _await_gone(context, config, range(0), time.monotonic() + config.stop_timeout_s)
+    context.add_output_metadata({"instances_after": 0, "generation": old.generation if old else 0})
+
+
+def _await(
+    context: dg.OpExecutionContext,
+    config: ScaleConfig,
+    phase: str,
+    indexes: Iterable[int],
+    generation: int,
+    deadline: float,
+) -> dict[int, Heartbeat]:
+    """Wait until the live run of every instance in ``indexes`` answered ``phase``.
+
+    Fails naming, per missing instance, what is known of it (no run yet, the
+    run's status, its last heartbeat), which is the real cause to look at.
+    """
+    wanted = set(indexes)
+    field = {"warm": "warmed", "release": "released", "run": "running", "start": "running"}[phase]
+    while True:
+        runs = {
+            run_index(r): r
+            for r in instance_runs(context.instance, config.topology)
+            if r.status != dg.DagsterRunStatus.CANCELING
+        }
+        beats = heartbeats(context.instance, [r.run_id for r in runs.values()]) if runs else {}
+        done = {
+            i: beats[r.run_id]
+            for i, r in runs.items()
+            if i in wanted and r.run_id in beats and getattr(beats[r.run_id], field) >= generation
+        }
+        if set(done) >= wanted:
+            return done
+        if time.monotonic() > deadline:
+            missing = []
+            for i in sorted(wanted - set(done)):
+                run = runs.get(i)
+                if run is None:
+                    missing.append(f"instance {i}: no run (is the dagster daemon running?)")
+                    continue
+                beat = beats.get(run.run_id)
+                seen = f"last heartbeat {beat.age():.0f}s ago" if beat else "no heartbeat yet"
+                missing.append(f"instance {i}: run {run.run_id} {run.status.value}, {seen}")
+            raise failure(
+                f"{config.topology}: generation {generation} phase {phase!r} not reached in "
+                f"{config.start_timeout_s:.0f}s: " + "; ".join(missing)
             )
-            if run.status != dg.DagsterRunStatus.CANCELING:
+        time.sleep(0.1)
+
+
+def _await_gone(
+    context: dg.OpExecutionContext, config: ScaleConfig, keep: Iterable[int], deadline: float
+) -> None:
+    """Wait until no run of an instance outside ``keep`` is left (they exit by themselves)."""
+    kept = set(keep)
+    while True:
+        extra = [
+            r for r in instance_runs(context.instance, config.topology) if run_index(r) not in kept
+        ]
+        if not extra:
+            return
+        if time.monotonic() > deadline:
+            for run in extra:
+                # Gone or stuck: the generation fence keeps it from committing.
                 context.instance.run_coordinator.cancel_run(run.run_id)
-    deadline = time.monotonic() + config.stop_timeout_s
-    for run_id in to_stop:
-        while True:
-            current = context.instance.get_run_by_id(run_id)
-            if current is None or current.is_finished:
-                break
-            if time.monotonic() > deadline:
-                # The process is gone or stuck: the generation fence in the
-                # state store keeps it from committing for queues that moved.
-                context.instance.report_run_canceled(current, "did not stop in time")
-                context.log.warning(f"run {run_id} did not stop in time; marked canceled")
-                break
-            time.sleep(0.5)
-    return to_stop
+            context.log.warning(
+                f"runs {[r.run_id for r in extra]} did not exit in time; cancelling them"
+            )
+            return
+        time.sleep(0.2)
 
 
 def _verify(
@@ -187,29 +264,13 @@ def _verify(
     topology: Topology,
     new: Allocation,
     queues: dict[str, list[int]],
-    since: float,
+    answers: dict[int, Heartbeat],
     admin: RocketMQAdmin,
     broker_name: str,
+    deadline: float,
 ) -> None:
-    """Wait until every instance of ``new`` runs and heartbeats, and ``queues`` advance."""
-    deadline = time.monotonic() + config.start_timeout_s
-    while True:
-        runs = instance_runs(context.instance, config.topology, [dg.DagsterRunStatus.STARTED])
-        beats = heartbeats(context.instance, [r.run_id for r in runs]) if runs else {}
-        ready = {
-            run_index(r)
-            for r in runs
-            if r.run_id in beats and beats[r.run_id].ts >= since and serves(r, new)
-        }
-        if ready == set(range(new.instances)):
-            break
-        if time.monotonic() > deadline:
-            raise failure(
-                f"instances {sorted(set(range(new.instances)) - ready)} of {config.topology} "
-                f"did not start within {config.start_timeout_s:.0f}s. The supervisor sensor "
-                "launches them: is the dagster daemon running (`dagster dev` starts it)?"
-            )
-        time.sleep(1.0)
+    """Every instance of ``new`` runs it, every queue is owned, and every queue advances."""
+    assert set(answers) == set(range(new.instances))
     owned = {(t, q) for t, qs in new.queues_by_topic().items() for q in qs}
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:

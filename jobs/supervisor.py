@@ -1,29 +1,67 @@
-"""The supervisor sensor: keeps each deployed topology's instances running.
+"""The supervisor sensor: keeps each deployed topology's instances running, honestly.
 
-For every registered topology with a desired state (written by the scale job),
-each tick:
+For every registered topology with a desired state (written by the scale,
+stop and start jobs), each tick:
 
-- finds the unfinished instance runs of the topology (by run tags);
-- declares dead a run whose heartbeat is older than ``heartbeat_timeout_s``
-  (or that never beat within that time of starting): Dagster's default run
-  launcher never notices a run whose process was killed, so the run would stay
-  STARTED forever. The dead run is marked FAILED;
-- requests a run for every instance index of the current allocation that has
-  no live run serving exactly its assignment, with a fresh ``run_key`` per
-  attempt (one run_key makes one run);
-- reports the topology's lag as an observation of its source topic.
+1. **judges every unfinished instance run** by its process *and* its heartbeat
+   (:func:`judge`). The process is known from Dagster's engine event "Started
+   process for run (pid: N)" until the run's first heartbeat, which then
+   carries pid and host. On this host:
 
-A topology whose desired state is ``paused`` (a scale in progress) is left
-alone. Instances beyond the queue count are launched too, and idle.
+   - process gone: the run is **dead** at once (marked FAILURE: Dagster's
+     default run launcher never notices a killed run worker);
+   - process alive, no heartbeat yet: **starting**, however long Spark takes
+     (no fixed grace kills a live run);
+   - process alive, heartbeat older than ``heartbeat_timeout_s``: **hung**. It
+     is terminated (SIGTERM, SIGKILL after ``terminate_grace_s``) and only
+     then marked failed, so it can never run beside its replacement. Not while
+     it is expected to be silent: during a rebalance (phases ``warm`` and
+     ``release``, whose steps run in the loop that beats), and while it exits
+     by itself (topology stopped, index scaled away).
+
+   A run on another host (or whose pid is unknown) is judged by its heartbeat:
+   dead when it is older than ``heartbeat_timeout_s``, or when no heartbeat
+   came within ``startup_grace_s`` of its start. A CANCELING run is only
+   watched for its process going away (then marked CANCELED): it is stopping,
+   and a stopping instance sends no heartbeats while it finishes its batch.
+
+2. **launches the missing instances**: an index of the current allocation is
+   served while *any* unfinished run (QUEUED, NOT_STARTED, STARTING, STARTED,
+   CANCELING) exists for it, whatever generation it was launched with: an
+   instance adopts allocation changes in place. A missing index gets a run of
+   the current generation and share, also during a rebalance's ``warm`` and
+   ``release`` phases (new instances of a scale-out warm up then), but never a
+   second run for an index.
+
+3. **backs off a crash loop**: after two consecutive failed runs of an index
+   within ``crash_window_s``, it waits ``backoff_base_s`` (then twice as long
+   per further failure, at most ``backoff_max_s``) before relaunching, and says
+   so: ``instance 1 of wordcount crashed 3 times in 4 min; next attempt in 30 s;
+   last error: ...``.
+
+A topology whose desired state is ``paused`` (a reset in progress), stopped
+(``target_instances`` 0) or never allocated gets no new run; its runs are
+still judged, so a dead one does not stay STARTED. Settings:
+:class:`~stream_assets.settings.SupervisorSettings`.
+
+Example (one pass, as the sensor makes it)::
+
+    >>> for item in plan_topology(instance, "wordcount", state, time.time()):  # doctest: +SKIP
+    ...     print(item if isinstance(item, str) else item.run_key)
+    wordcount: instance 0 (run 3f2a...): its process 4242 on node-1 is gone; marked failed
+    wordcount:g3:i0:a1
 """
 
 import json
-import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import dagster as dg
+from dagster._core.launcher import DefaultRunLauncher
+from dagster._core.launcher.sync_in_memory_run_launcher import SyncInMemoryRunLauncher
 
 from jobs.instance_job import (
     INSTANCE_JOB,
@@ -32,20 +70,25 @@ from jobs.instance_job import (
     instance_run_tags,
 )
 from stream_assets.control.allocation import Allocation
-from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.control.desired_state import (
+    DesiredState,
+    DesiredStateStore,
+    Heartbeat,
+    heartbeats,
+)
 from stream_assets.control.lineage import topic_asset_key
+from stream_assets.control.liveness import RunProcess, process_alive, terminate, this_host
 from stream_assets.control.registry import (
     GENERATION_TAG,
     INSTANCE_INDEX_TAG,
     REGISTRY,
     TOPOLOGY_TAG,
 )
+from stream_assets.settings import SupervisorSettings
 
-#: Seconds without a heartbeat after which a run's process is presumed gone.
-HEARTBEAT_TIMEOUT_S = float(os.environ.get("STREAM_ASSETS_HEARTBEAT_TIMEOUT_S", "30"))
-#: How long a new run may take to send its first heartbeat (Spark start-up).
-STARTUP_GRACE_S = float(os.environ.get("STREAM_ASSETS_STARTUP_GRACE_S", "180"))
-SENSOR_INTERVAL_S = int(os.environ.get("STREAM_ASSETS_SUPERVISOR_INTERVAL_S", "15"))
+#: Seconds between supervisor ticks (STREAM_ASSETS_SUPERVISOR_INTERVAL_S), read when
+#: Dagster loads the code location.
+SENSOR_INTERVAL_S = SupervisorSettings().interval_s
 
 UNFINISHED = [
     dg.DagsterRunStatus.QUEUED,
@@ -54,6 +97,12 @@ UNFINISHED = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
+
+#: The engine event Dagster's run worker logs, with metadata ``pid``, before the op runs
+#: (dagster/_cli/api.py and dagster/_grpc/impl.py: ``EngineEventData.in_process(pid)``).
+STARTED_PROCESS_PREFIX = "Started process for run"
+
+Verdict = Literal["alive", "starting", "hung", "dead"]
 
 
 def instance_runs(
@@ -84,94 +133,504 @@ def run_index(run: dg.DagsterRun) -> int:
 
 
 def serves(run: dg.DagsterRun, allocation: Allocation) -> bool:
-    """Whether instance run ``run`` owns its share of ``allocation`` (:meth:`Allocation.assigns`).
+    """Whether instance run ``run`` serves an index of ``allocation``.
+
+    An instance adopts allocation changes in place (it keeps its process and
+    SparkSession and swaps queues), so a run serves its index whatever
+    generation and share it was launched with, as long as the index is still
+    part of the allocation; a run whose index is scaled away stops by itself.
+    An untagged run (index -1) serves nothing.
 
     Example::
 
         >>> to_stop = [r for r in instance_runs(instance, "wordcount")
         ...            if not serves(r, new_allocation)]  # doctest: +SKIP
     """
-    return allocation.assigns(run_index(run), run_assignment(run))
+    return 0 <= run_index(run) < allocation.instances
 
 
-def dead_runs(instance: dg.DagsterInstance, runs: list[dg.DagsterRun], now: float) -> list[str]:
-    """Runs that are STARTED but whose process stopped heartbeating."""
-    started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
-    if not started:
-        return []
-    beats = heartbeats(instance, [r.run_id for r in started])
-    dead = []
-    for run in started:
-        beat = beats.get(run.run_id)
-        if beat is not None:
-            if beat.age(now) > HEARTBEAT_TIMEOUT_S:
-                dead.append(run.run_id)
+@dataclass(frozen=True)
+class Liveness:
+    """What the supervisor concluded about one run, and why (the reason is logged).
+
+    Example::
+
+        >>> Liveness("hung", "its heartbeat is 45 s old", None).verdict
+        'hung'
+    """
+
+    verdict: Verdict
+    reason: str
+    process: RunProcess | None
+
+
+def judge(
+    beat: Heartbeat | None,
+    process: RunProcess | None,
+    alive: bool | None,
+    started_at: float | None,
+    now: float,
+    settings: SupervisorSettings,
+) -> Liveness:
+    """Liveness of a STARTED run from its heartbeat and process.
+
+    ``alive`` is whether ``process`` runs (None: it cannot be checked from
+    here, another host or no pid known); ``started_at`` is when the run
+    started (epoch seconds), for the startup grace of unverifiable runs.
+
+    Example::
+
+        >>> s = SupervisorSettings(heartbeat_timeout_s=30, startup_grace_s=180)
+        >>> p = RunProcess(4242, this_host(), 0.0, "engine event")
+        >>> judge(None, p, True, started_at=0.0, now=1000.0, settings=s).verdict
+        'starting'
+        >>> judge(None, p, False, started_at=0.0, now=1.0, settings=s).verdict
+        'dead'
+        >>> beat = Heartbeat("wc", 1, 0, "r1", ts=900.0, pid=4242, host=this_host())
+        >>> judge(beat, p, True, started_at=0.0, now=1000.0, settings=s).reason
+        'its process 4242 is alive but its last heartbeat is 100 s old (timeout 30 s): hung'
+        >>> judge(None, None, None, started_at=0.0, now=200.0, settings=s).verdict
+        'dead'
+    """
+    timeout = settings.heartbeat_timeout_s
+    if alive is False and process is not None:
+        return Liveness("dead", f"its {process.describe()} is gone", process)
+    if alive:
+        assert process is not None
+        if beat is None:
+            return Liveness("starting", "its process is alive, no heartbeat yet", process)
+        age = beat.age(now)
+        if age > timeout:
+            return Liveness(
+                "hung",
+                f"its process {process.pid} is alive but its last heartbeat is {age:.0f} s old "
+                f"(timeout {timeout:.0f} s): hung",
+                process,
+            )
+        return Liveness("alive", "heartbeating", process)
+    where = process.describe() if process is not None else "its process (pid unknown)"
+    if beat is not None:
+        age = beat.age(now)
+        if age > timeout:
+            return Liveness(
+                "dead",
+                f"no heartbeat for {age:.0f} s (timeout {timeout:.0f} s); {where} cannot be "
+                "checked from here",
+                process,
+            )
+        return Liveness("alive", "heartbeating", process)
+    if started_at is not None and now - started_at > settings.startup_grace_s:
+        return Liveness(
+            "dead",
+            f"no heartbeat within {settings.startup_grace_s:.0f} s of its start; {where} "
+            "cannot be checked from here",
+            process,
+        )
+    return Liveness("starting", "no heartbeat yet (within the startup grace)", process)
+
+
+def _launches_locally(instance: dg.DagsterInstance) -> bool:
+    """Whether run workers run on the machine that evaluates this sensor.
+
+    Dagster's default launcher starts them from the code server, the same
+    process that evaluates sensors (in-memory launchers run them in-process);
+    other launchers (Docker, Kubernetes, ...) run them elsewhere, where a pid
+    from the engine event means nothing here.
+    """
+    return isinstance(instance.run_launcher, (DefaultRunLauncher, SyncInMemoryRunLauncher))
+
+
+def run_process(
+    instance: dg.DagsterInstance, run: dg.DagsterRun, beat: Heartbeat | None
+) -> RunProcess | None:
+    """The run's process: from its heartbeat, else from Dagster's "Started process" event.
+
+    Example::
+
+        >>> beat = heartbeats(instance, [run.run_id]).get(run.run_id)  # doctest: +SKIP
+        >>> run_process(instance, run, beat)  # doctest: +SKIP
+        RunProcess(pid=4242, host='node-1', seen_at=1763735400.5, source='heartbeat')
+    """
+    if beat is not None and beat.pid > 0:
+        return RunProcess(beat.pid, beat.host, beat.ts, "heartbeat")
+    records = instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT
+    ).records
+    for record in reversed(records):
+        entry = record.event_log_entry
+        event = entry.dagster_event
+        if event is None or not (event.message or "").startswith(STARTED_PROCESS_PREFIX):
             continue
-        record = instance.get_run_record_by_id(run.run_id)
-        since = record.start_time if record and record.start_time else run_created(record)
-        if since is not None and now - since > STARTUP_GRACE_S:
-            dead.append(run.run_id)
-    return dead
+        pid_value = event.engine_event_data.metadata.get("pid")
+        pid_text = str(getattr(pid_value, "value", "") or "")
+        if pid_text.isdigit():
+            host = this_host() if _launches_locally(instance) else ""
+            return RunProcess(int(pid_text), host, entry.timestamp, "engine event")
+    return None
 
 
-def run_created(record: Any) -> float | None:
-    """Creation time of a run record, as epoch seconds."""
-    if record is None or record.create_timestamp is None:
+def _started_at(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float | None:
+    record = instance.get_run_record_by_id(run.run_id)
+    if record is None:
         return None
+    if record.start_time:
+        return float(record.start_time)
     return float(record.create_timestamp.timestamp())
 
 
-def plan_topology(
-    instance: dg.DagsterInstance, name: str, state: DesiredState, now: float
-) -> Iterator[dg.RunRequest | str]:
-    """Run requests (and log lines) that bring ``name`` to its desired state."""
+#: Run statuses whose process may exist: the ones the supervisor judges.
+_JUDGED = (
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+)
+
+
+def _patience(state: DesiredState, run: dg.DagsterRun) -> str | None:
+    """Why a silent but live run of ``state``'s topology must not be terminated, if it must not.
+
+    An instance beats from its supervise loop, which also carries out the steps
+    of a rebalance (warming stores up, releasing queues) and its own exit
+    (finishing its batch): a run doing one of those is silent, not hung.
+    """
+    if state.phase != "run":
+        return f"a rebalance is under way (phase {state.phase!r})"
     allocation = state.allocation
-    if allocation is None or state.paused:
-        return
-    runs = instance_runs(instance, name)
-    dead = set(dead_runs(instance, runs, now))
-    for run in runs:
-        if run.run_id in dead:
-            instance.report_run_failed(run, "no heartbeat: the instance process is gone")
-            yield f"{name}: run {run.run_id} stopped heartbeating; marked failed, relaunching"
-    live = [r for r in runs if r.run_id not in dead and r.status != dg.DagsterRunStatus.CANCELING]
-    serving = {run_index(r) for r in live if serves(r, allocation)}
-    for index in range(allocation.instances):
-        if index in serving:
+    if state.target_instances == 0:
+        return "the topology is stopped: it is finishing its batch before it exits"
+    if allocation is not None and run_index(run) >= allocation.instances:
+        return "its index left the allocation: it is finishing its batch before it exits"
+    return None
+
+
+def _settle(
+    instance: dg.DagsterInstance,
+    name: str,
+    state: DesiredState,
+    runs: list[dg.DagsterRun],
+    now: float,
+    settings: SupervisorSettings,
+) -> Generator[str, None, set[str]]:
+    """Judge ``runs``; end the dead and hung ones. Yields log lines; returns the ended run ids."""
+    judged = [r for r in runs if r.status in _JUDGED]
+    beats = heartbeats(instance, [r.run_id for r in judged]) if judged else {}
+    ended: set[str] = set()
+    hung: list[tuple[dg.DagsterRun, Liveness]] = []
+    for run in judged:
+        beat = beats.get(run.run_id)
+        process = run_process(instance, run, beat)
+        alive = process_alive(process.pid, process.seen_at) if process and process.local else None
+        label = f"{name}: instance {run_index(run)} (run {run.run_id})"
+        if run.status != dg.DagsterRunStatus.STARTED:
+            # STARTING: not yet running the op (run monitoring bounds a start that hangs);
+            # CANCELING: stopping, silent while it finishes its batch. Only a process
+            # that is gone settles them now.
+            if alive is False and process is not None:
+                reason = f"its {process.describe()} is gone"
+                canceling = run.status == dg.DagsterRunStatus.CANCELING
+                if _end(instance, run, reason, canceled=canceling):
+                    yield f"{label}: {reason}; marked {'canceled' if canceling else 'failed'}"
+                ended.add(run.run_id)
             continue
-        attempts = instance.get_runs_count(
-            filters=dg.RunsFilter(
-                job_name=INSTANCE_JOB,
-                tags={
-                    TOPOLOGY_TAG: name,
-                    GENERATION_TAG: str(allocation.generation),
-                    INSTANCE_INDEX_TAG: str(index),
-                },
-            )
+        liveness = judge(beat, process, alive, _started_at(instance, run), now, settings)
+        if liveness.verdict == "dead":
+            if _end(instance, run, liveness.reason):
+                yield f"{label}: {liveness.reason}; marked failed"
+            ended.add(run.run_id)
+        elif liveness.verdict == "hung":
+            patience = _patience(state, run)
+            if patience is None:
+                hung.append((run, liveness))
+            else:
+                yield f"{label}: {liveness.reason}, but not terminated: {patience}"
+    if hung:
+        lines: list[str] = []
+        gone = terminate(
+            [lv.process for _, lv in hung if lv.process is not None],
+            settings.terminate_grace_s,
+            lines.append,
         )
-        share = allocation.for_instance(index)
-        yield dg.RunRequest(
-            run_key=f"{name}:g{allocation.generation}:i{index}:a{attempts}",
+        yield from (f"{name}: {line}" for line in lines)
+        for run, liveness in hung:
+            label = f"{name}: instance {run_index(run)} (run {run.run_id})"
+            assert liveness.process is not None
+            if not gone.get(liveness.process.pid, False):
+                yield (
+                    f"{label}: {liveness.reason}, and its process could not be terminated; no "
+                    "replacement is launched while it lives. Kill it by hand (kill -9 "
+                    f"{liveness.process.pid} on {liveness.process.host})."
+                )
+                continue
+            reason = f"{liveness.reason}; terminated"
+            if _end(instance, run, reason):
+                yield f"{label}: {reason}; marked failed"
+            ended.add(run.run_id)
+    return ended
+
+
+def _end(
+    instance: dg.DagsterInstance, run: dg.DagsterRun, reason: str, canceled: bool = False
+) -> bool:
+    """Mark ``run`` failed (or canceled) unless it finished meanwhile; whether it was marked."""
+    current = instance.get_run_by_id(run.run_id)
+    if current is None or current.is_finished:
+        return False  # it ended on its own between the listing and now
+    message = f"the supervisor ended this run: {reason}"
+    if canceled:
+        instance.report_run_canceled(current, message)
+    else:
+        instance.report_run_failed(current, message)
+    return True
+
+
+@dataclass(frozen=True)
+class CrashHistory:
+    """Recent failed runs of one instance index, and the backoff they call for.
+
+    ``consecutive`` counts the failures since the index's last run that did not
+    fail (within the window), which is what the backoff grows with; ``in_window``
+    counts every failure in the window (the alerts' crash count).
+
+    Example::
+
+        >>> s = SupervisorSettings(backoff_base_s=15, backoff_max_s=600)
+        >>> [CrashHistory("wc", 0, n, n, 0.0, 100.0, None).backoff_s(s) for n in range(1, 8)]
+        [0.0, 15.0, 30.0, 60.0, 120.0, 240.0, 480.0]
+        >>> CrashHistory("wc", 0, 9, 9, 0.0, 100.0, None).retry_at(s)
+        700.0
+    """
+
+    topology: str
+    index: int
+    consecutive: int
+    in_window: int
+    first_at: float  # end of the first of the consecutive failures (epoch s)
+    last_at: float  # end of the latest failure
+    last_run_id: str | None
+
+    def backoff_s(self, settings: SupervisorSettings) -> float:
+        """Wait after the latest failure before the next launch (0: none)."""
+        if self.consecutive < 2:
+            return 0.0
+        delay = settings.backoff_base_s * 2 ** (self.consecutive - 2)
+        return float(min(delay, settings.backoff_max_s))
+
+    def retry_at(self, settings: SupervisorSettings) -> float:
+        """Epoch seconds from which the index may be launched again."""
+        backoff = self.backoff_s(settings)
+        return self.last_at + backoff if backoff > 0 else 0.0
+
+    def describe(self, now: float, settings: SupervisorSettings, last_error: str) -> str:
+        """``instance 1 of wordcount crashed 3 times in 4 min; next attempt in 30 s; ...``."""
+        wait = max(0.0, self.retry_at(settings) - now)
+        return (
+            f"instance {self.index} of {self.topology} crashed {self.consecutive} times in "
+            f"{_span(now - self.first_at)}; next attempt in {wait:.0f} s; last error: {last_error}"
+        )
+
+
+def _span(seconds: float) -> str:
+    """``45 s``, ``4 min``, ``2 h``."""
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"
+
+
+def crash_history(
+    instance: dg.DagsterInstance,
+    topology: str,
+    index: int,
+    now: float,
+    settings: SupervisorSettings,
+) -> CrashHistory:
+    """The failed runs of instance ``index`` of ``topology`` in the last ``crash_window_s``.
+
+    Example::
+
+        >>> crash_history(dg.DagsterInstance.ephemeral(), "wc", 0, 0.0, SupervisorSettings())
+        CrashHistory(topology='wc', index=0, consecutive=0, in_window=0, ...)
+    """
+    since = now - settings.crash_window_s
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(
             job_name=INSTANCE_JOB,
-            run_config=instance_run_config(name, allocation.generation, index, share),
-            tags=instance_run_tags(name, allocation.generation, index, share),
+            tags={TOPOLOGY_TAG: topology, INSTANCE_INDEX_TAG: str(index)},
+            statuses=[
+                dg.DagsterRunStatus.FAILURE,
+                dg.DagsterRunStatus.CANCELED,
+                dg.DagsterRunStatus.SUCCESS,
+            ],
+            updated_after=datetime.fromtimestamp(max(since, 0.0), UTC),
+        ),
+        limit=200,
+    )
+    ended = sorted(
+        (
+            (float(r.end_time or r.update_timestamp.timestamp()), r)
+            for r in records
+            if float(r.end_time or r.update_timestamp.timestamp()) >= since
+        ),
+        key=lambda pair: pair[0],
+        reverse=True,
+    )
+    failed = [(t, r) for t, r in ended if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
+    streak: list[tuple[float, Any]] = []
+    for t, r in ended:
+        if r.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        streak.append((t, r))
+    return CrashHistory(
+        topology=topology,
+        index=index,
+        consecutive=len(streak),
+        in_window=len(failed),
+        first_at=streak[-1][0] if streak else 0.0,
+        last_at=streak[0][0] if streak else 0.0,
+        last_run_id=streak[0][1].dagster_run.run_id if streak else None,
+    )
+
+
+#: Run-failure messages Dagster writes itself, which say nothing of the cause.
+_GENERIC_FAILURES = (
+    "This run has been marked as failed from outside the execution context.",
+    "Execution of run for ",
+)
+#: Dagster's code server, when a run worker it started exits without finishing the run.
+_CRASH_EXPLANATION = "Run execution process for "
+
+
+def failure_message(instance: dg.DagsterInstance, run_id: str, limit: int = 400) -> str:
+    """Why run ``run_id`` failed, in one line: the real cause, not Dagster's generic wording.
+
+    In order: the op's error (what the instance raised); the first run-failure
+    message that names a cause (the supervisor's "its process ... is gone");
+    the code server's note on how the run worker died ("terminated by signal
+    9"); else whatever failure message there is.
+
+    Example::
+
+        >>> inst = dg.DagsterInstance.ephemeral()
+        >>> run = inst.create_run_for_job(instance_job, run_config={
+        ...     "ops": {"run_instance": {"config": {"topology": "wordcount"}}}})
+        >>> _ = inst.report_run_failed(run, "its process 4242 on node-1 is gone")
+        >>> _ = inst.report_run_failed(run)  # the code server noticed too: says nothing new
+        >>> failure_message(inst, run.run_id)
+        'its process 4242 on node-1 is gone'
+    """
+    steps = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
+    for record in reversed(steps):
+        event = record.event_log_entry.dagster_event
+        data = event.step_failure_data if event is not None else None
+        if data is not None and data.error is not None:
+            error = data.error
+            # Dagster wraps user errors ("Error occurred while executing op ..."): the
+            # cause is what the instance raised.
+            while error.cause is not None and (error.cls_name or "").startswith("Dagster"):
+                error = error.cause
+            return _one_line(error.message, limit)
+    messages = [
+        (
+            record.event_log_entry.dagster_event.message
+            if record.event_log_entry.dagster_event
+            else ""
         )
+        or record.event_log_entry.user_message
+        for record in instance.get_records_for_run(
+            run_id, of_type=dg.DagsterEventType.RUN_FAILURE
+        ).records
+    ]
+    for text in messages:
+        if text and not text.startswith(_GENERIC_FAILURES):
+            return _one_line(text.removeprefix("the supervisor ended this run: "), limit)
+    engine = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records
+    for record in engine:
+        event = record.event_log_entry.dagster_event
+        text = (event.message if event is not None else None) or ""
+        if _CRASH_EXPLANATION in text:
+            # "... was terminated by signal 9 (SIGKILL)." and Dagster's guess at why.
+            return _one_line(text[text.index(_CRASH_EXPLANATION) :].split(". ")[0], limit)
+    return _one_line(next((m for m in messages if m), "no failure event recorded"), limit)
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def plan_topology(
+    instance: dg.DagsterInstance,
+    name: str,
+    state: DesiredState,
+    now: float,
+    settings: SupervisorSettings | None = None,
+) -> Iterator[dg.RunRequest | str]:
+    """Run requests (and log lines) that bring ``name`` to its desired state.
+
+    Judges and ends dead or hung runs first (see the module docstring), then
+    requests a run for every index of the allocation that has no unfinished
+    run, unless the topology is paused, stopped or the index is backing off.
+    """
+    settings = settings or SupervisorSettings()
+    runs = instance_runs(instance, name)
+    ended = yield from _settle(instance, name, state, runs, now, settings)
+    # Terminating a hung run takes seconds: the backoff counts from the real time.
+    now = max(now, time.time())
+    allocation = state.allocation
+    if allocation is None or state.paused or state.target_instances == 0:
+        return
+    served = {run_index(r) for r in runs if r.run_id not in ended}
+    for index in range(allocation.instances):
+        if index in served:
+            continue
+        history = crash_history(instance, name, index, now, settings)
+        if history.retry_at(settings) > now:
+            last_error = failure_message(instance, history.last_run_id or "")
+            yield f"{name}: {history.describe(now, settings, last_error)}"
+            continue
+        yield _request(instance, name, allocation, index)
+
+
+def _request(
+    instance: dg.DagsterInstance, name: str, allocation: Allocation, index: int
+) -> dg.RunRequest:
+    attempts = instance.get_runs_count(
+        filters=dg.RunsFilter(
+            job_name=INSTANCE_JOB,
+            tags={
+                TOPOLOGY_TAG: name,
+                GENERATION_TAG: str(allocation.generation),
+                INSTANCE_INDEX_TAG: str(index),
+            },
+        )
+    )
+    share = allocation.for_instance(index)
+    return dg.RunRequest(
+        # A fresh key per attempt: one run_key makes one run.
+        run_key=f"{name}:g{allocation.generation}:i{index}:a{attempts}",
+        job_name=INSTANCE_JOB,
+        run_config=instance_run_config(name, allocation.generation, index, share),
+        tags=instance_run_tags(name, allocation.generation, index, share),
+    )
 
 
 @dg.sensor(
     job=instance_job,
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Keeps every deployed topology's instances running; relaunches crashed ones.",
+    description="Keeps every deployed topology's instances running; ends dead or hung runs and "
+    "relaunches them, backing off a crash loop.",
 )
 def supervisor_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     """One supervision pass over every registered topology."""
     now = time.time()
+    settings = SupervisorSettings()
     requests: list[dg.RunRequest] = []
     events: list[dg.AssetObservation] = []
     states = DesiredStateStore(context.instance).get_many(REGISTRY)
     for name, state in sorted(states.items()):
-        for item in plan_topology(context.instance, name, state, now):
+        for item in plan_topology(context.instance, name, state, now, settings):
             if isinstance(item, str):
                 context.log.warning(item)
             else:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: The repository checkout this package runs from (the package is installed
 #: editable by infra/dev.sh); infra/ files and the .local/ data dir live here.
@@ -210,3 +211,86 @@ class EngineSettings(BaseSettings):
     def resolved_state_dir(self) -> Path:
         """The state root, defaulting under the project-local dir."""
         return self.state_dir or local_dir() / "state"
+
+
+class SupervisorSettings(BaseSettings):
+    """How the supervisor sensor judges, relaunches and reports instance runs.
+
+    Env prefix ``STREAM_ASSETS_`` (``STREAM_ASSETS_HEARTBEAT_TIMEOUT_S``, ...);
+    the sensor interval keeps its name ``STREAM_ASSETS_SUPERVISOR_INTERVAL_S``.
+    Read at every sensor tick, except ``interval_s``, which Dagster takes when
+    it loads the code location. ``alert_hooks`` is a comma-separated list of
+    ``module:function`` callables, each called with a
+    :class:`~stream_assets.control.alerts.Alert`.
+
+    Example::
+
+        >>> s = SupervisorSettings(backoff_base_s=10, alert_hooks="my.alerts:page, my.alerts:log")
+        >>> s.heartbeat_timeout_s, s.alert_hooks
+        (30.0, ('my.alerts:page', 'my.alerts:log'))
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAM_ASSETS_", extra="ignore", populate_by_name=True
+    )
+
+    heartbeat_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A run whose last heartbeat is older is hung (process alive: terminated) "
+        "or dead (process gone, or on another host).",
+    )
+    startup_grace_s: float = Field(
+        default=180.0,
+        gt=0,
+        description="Only for runs whose process the supervisor cannot see (another host, or "
+        "no pid known): how long they may take to send their first heartbeat. A run whose "
+        "process is alive on this host is never declared dead while it starts.",
+    )
+    interval_s: int = Field(
+        default=15,
+        ge=1,
+        validation_alias=AliasChoices("interval_s", "STREAM_ASSETS_SUPERVISOR_INTERVAL_S"),
+        description="Seconds between supervisor ticks (env STREAM_ASSETS_SUPERVISOR_INTERVAL_S); "
+        "also the alert sensor's interval.",
+    )
+    terminate_grace_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="After SIGTERM to a hung run's process, how long before SIGKILL.",
+    )
+    backoff_base_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="Wait before relaunching an instance after its second consecutive crash; "
+        "doubled for every further crash.",
+    )
+    backoff_max_s: float = Field(
+        default=600.0, ge=0, description="Longest wait between relaunches of a crashing instance."
+    )
+    crash_window_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Crashes (failed runs) older than this are forgotten by the backoff and "
+        "the alerts' crash count.",
+    )
+    alert_hooks: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="'module:function' callables (comma-separated) called with every Alert "
+        "(an instance run failed; a crash loop engaged the backoff).",
+    )
+
+    @field_validator("alert_hooks", mode="before")
+    @classmethod
+    def _split_hooks(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        if isinstance(value, (tuple, list)):
+            for hook in value:
+                module, sep, function = str(hook).partition(":")
+                if not sep or not module or not function:
+                    raise ValueError(
+                        f"alert hook {hook!r} must be 'module:function' (an importable module "
+                        "and a callable in it); separate several with ','"
+                    )
+        return value

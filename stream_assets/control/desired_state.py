@@ -194,7 +194,8 @@ class Heartbeat:
     pid: int = 0  # the run's process: liveness beside the heartbeat, and what to terminate
     host: str = ""  # where ``pid`` lives
     #: Rebalance in place: the latest generation this run has warmed up for,
-    #: released its changed queues for (and when), and runs (since when).
+    #: released its changed queues for (and when; 0 when it had none to
+    #: release), and runs (since when).
     warmed: int = -1
     released: int = -1
     released_at: float = 0.0

@@ -196,7 +196,11 @@ def _topology_spec(topology: Topology) -> dg.AssetSpec:
         deps=[topic_asset_key(t) for t in topology.source_topics],
         description=(
             f"Streaming topology `{topology.job_id}`: {len(topology.stages)} stage(s), "
-            f"reads {', '.join(f'`{t}`' for t in topology.source_topics)}."
+            f"reads {', '.join(f'`{t}`' for t in topology.source_topics)}. "
+            # Says where the numbers on this asset come from (two writers, distinct keys).
+            "Observations: each instance's own numbers under `instance_<i>.*`; the "
+            "topology's desired state and totals (desired_instances, generation, "
+            "records_per_s, lag, state_bytes, ...) from the metrics sensor."
         ),
         group_name=key_component(topology.job_id),
         kinds={"spark"},
@@ -205,5 +209,6 @@ def _topology_spec(topology: Topology) -> dg.AssetSpec:
             "stages": len(topology.stages),
             "source_topics": ", ".join(topology.source_topics),
             "sink_topics": ", ".join(topology.sink_topics),
+            "dead_letter_topic": topology.dead_letter_topic,
         },
     )

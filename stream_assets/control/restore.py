@@ -31,7 +31,14 @@ from pathlib import Path
 from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.state.restore import RestoreProgress, RestoreResult, restore_queue
+from stream_assets.state.errors import StateLockedError
+from stream_assets.state.restore import (
+    RestoreProgress,
+    RestoreResult,
+    ensure_current,
+    restore_queue,
+    state_queue,
+)
 from stream_assets.state.store import QueueStateStore
 
 #: A progress line is logged whenever this many state messages have been read.
@@ -110,4 +117,54 @@ def restore_queues(
             f"{result.messages_read} messages in {result.seconds:.2f}s"
         )
         out.append(RestoredQueue(topic, state_topic, queue_id, result))
+    return out
+
+
+def warm_queues(
+    topology: Topology,
+    queues: Iterable[tuple[str, int]],
+    state_root: Path,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+    progress: Callable[[str], None] | None = None,
+) -> list[RestoredQueue]:
+    """Bring the local stores of queues an instance is about to gain up to date (NewSplit).
+
+    Unlike :func:`restore_queues` nothing is wiped, and a store another
+    process holds open is left alone: on this machine that is the queue's
+    current owner, whose store is the state itself, so there is nothing to
+    warm. Stores that were behind catch up (or restore) now, while the
+    current owner still runs; its last batches before the handover are then
+    a short tail for the first batch of the new owner.
+
+    Example::
+
+        >>> warm_queues(topology, [("wordcount__shuffle__key_by-2", 3)], root, admin,
+        ...             reader, print)  # doctest: +SKIP
+    """
+    say = progress or (lambda _line: None)
+    stages = stateful_stages(topology)
+    out: list[RestoredQueue] = []
+    for topic, queue_id in queues:
+        stage = stages.get(topic)
+        if stage is None:
+            continue
+        assert stage.head is not None and stage.state_topic is not None
+        store = QueueStateStore(state_root, topology.job_id, stage.head.op_id, queue_id)
+        try:
+            store.open(wait_s=0)
+        except StateLockedError:
+            say(f"{stage.state_topic}[{queue_id}]: held by its current owner here; nothing to warm")
+            continue
+        try:
+            log = state_queue(admin, stage.state_topic, queue_id)
+            result = ensure_current(store, log, admin, reader)
+        finally:
+            store.close()
+        if result is not None:
+            say(
+                f"warmed {stage.state_topic}[{queue_id}]: {result.keys} keys, seq {result.seq} "
+                f"in {result.seconds:.2f}s"
+            )
+            out.append(RestoredQueue(topic, stage.state_topic, queue_id, result))
     return out

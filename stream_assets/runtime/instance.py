@@ -30,10 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_assets.control.restore import warm_queues
 from stream_assets.control.topics import provision_topics
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.source import RocketMQDataSource
@@ -63,12 +65,31 @@ class StageMetrics:
     settings_digests: set[str] = field(default_factory=set)
 
 
-def _quiet(spark: Any, logger: str) -> None:
-    """Only errors from ``logger``: its "batch is falling behind" warning repeats on every
-    slow batch; the instance reports batch durations itself (``StageMetrics.max_batch_s``)."""
-    jvm = spark.sparkContext._jvm
-    level = jvm.org.apache.logging.log4j.Level.ERROR
-    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger, level)
+def _quiet(spark: Any, logger: str, message: str | None = None) -> None:
+    """Only errors from ``logger``; with ``message`` (a regex matching a whole message),
+    only those messages are dropped and the rest of what ``logger`` says stays.
+
+    Idempotent: every instance start of a process calls it on the same JVM.
+    """
+    log4j = spark.sparkContext._jvm.org.apache.logging.log4j
+    if message is None:
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.ERROR)
+        return
+    context = log4j.LogManager.getContext(False)
+    config = context.getConfiguration()
+    logger_config = config.getLoggerConfig(logger)
+    if logger_config.getName() != logger:  # inherited from a parent: give it its own
+        logger_config = log4j.core.config.LoggerConfig(logger, None, True)
+        config.addLogger(logger, logger_config)
+    present = logger_config.getFilter()
+    if present is not None and message in present.toString():
+        return
+    result = getattr(log4j.core, "Filter$Result")
+    drop = log4j.core.filter.RegexFilter.createFilter(
+        message, None, False, result.DENY, result.NEUTRAL
+    )
+    logger_config.addFilter(drop)
+    context.updateLoggers()
 
 
 def _print(message: str) -> None:
@@ -127,41 +148,118 @@ class Instance:
 
     def _session(self) -> Any:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from py4j.protocol import Py4JError
         from pyspark.sql import SparkSession
 
-        builder = (
-            SparkSession.builder.master(self.engine.spark_master)
-            .appName(f"stream-assets-{self.topology.job_id}")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.python.worker.reuse", "true")
-            .config("spark.sql.streaming.stopTimeout", "60s")
+        conf = {
+            "spark.master": self.engine.spark_master,
+            "spark.app.name": f"stream-assets-{self.topology.job_id}",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.python.worker.reuse": "true",
+            "spark.sql.streaming.stopTimeout": "60s",
             # Streaming queries cannot use it; left on, Spark warns once per query.
-            .config("spark.sql.adaptive.enabled", "false")
-            .config("spark.driver.memory", self.engine.driver_memory)
-        )
-        for key, value in self.engine.spark_conf.items():
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
+            "spark.sql.adaptive.enabled": "false",
+            "spark.driver.memory": self.engine.driver_memory,
+            **self.engine.spark_conf,
+        }
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            builder = SparkSession.builder
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
+        else:
+            # Another instance of this process started it. The builder would log "Using an
+            # existing Spark session" on every start; static settings (master, memory)
+            # cannot change on it anyway, runtime SQL ones are set as the builder would.
+            for key, value in conf.items():
+                if spark.conf.isModifiable(key):
+                    spark.conf.set(key, value)
+            if spark.sparkContext.master != self.engine.spark_master:
+                self.progress(
+                    f"reusing this process's SparkSession on {spark.sparkContext.master}; "
+                    f"spark_master {self.engine.spark_master} needs a new process"
+                )
         spark.sparkContext.setLogLevel("WARN")
+        # Repeats on every slow batch; the instance reports batch durations itself
+        # (StageMetrics.max_batch_s).
         _quiet(spark, "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor")
-        spark.dataSource.register(RocketMQDataSource)
+        # Every query stop logs it twice when no job of the query runs, the normal case
+        # between micro-batches; any other DAGScheduler warning still shows.
+        _quiet(spark, "org.apache.spark.scheduler.DAGScheduler", "Failed to cancel job group .*")
+        # Once per session: registering again replaces it, with a warning each start.
+        # Spark's registry has no public lookup; if this one moves, register as before.
+        try:
+            manager = spark._jsparkSession.sessionState().dataSourceManager()
+            registered = bool(manager.dataSourceExists(RocketMQDataSource.name()))
+        except Py4JError:
+            registered = False
+        if not registered:
+            spark.dataSource.register(RocketMQDataSource)
         return spark
 
-    def start(self) -> None:
-        """Create missing topics, start the SparkSession and one query per stage."""
+    def start(self, run_queries: bool = True) -> None:
+        """Create missing topics, start the SparkSession and one query per stage.
+
+        ``run_queries=False`` only warms up (topics, SparkSession, shipped code):
+        an instance that takes queues over later, with :meth:`reassign`.
+        """
         self.prepare_topics()
         self._spark = self._session()
         shipped = ship_user_code(self._spark.sparkContext, self.topology)
         if shipped:
             self.progress(f"shipping topology modules to the executors: {', '.join(shipped)}")
         self._write_settings_file()
+        if run_queries:
+            self._start_queries()
+
+    def _start_queries(self) -> None:
+        self._stopping.clear()
         for stage in self.topology.stages:
             self._queries.append(self._start_stage(stage))
         self.progress(
-            f"instance of {self.topology.job_id} running {len(self._queries)} stage queries "
-            f"on {self.engine.spark_master}"
+            f"instance of {self.topology.job_id} (generation {self.generation}) running "
+            f"{len(self._queries)} stage queries on {self.engine.spark_master}"
         )
+
+    @property
+    def running(self) -> bool:
+        """Whether the stage queries run (not between a release and a takeover)."""
+        return bool(self._queries)
+
+    def warm_up(self, gained: dict[str, list[int]]) -> int:
+        """Bring the local state of queues this instance is about to gain up to date.
+
+        Only where the state root is known here (``engine.state_dir``); with
+        executor-local state, the first batch on each executor does it.
+        Returns the number of stores that caught up or restored.
+        """
+        if not self.engine.state_dir:
+            return 0
+        pairs = [(topic, q) for topic, queues in sorted(gained.items()) for q in queues]
+        reader = QueueReader(self._admin, f"{self.group}-warm")
+        try:
+            done = warm_queues(
+                self.topology, pairs, self.engine.state_dir, self._admin, reader, self.progress
+            )
+        finally:
+            reader.close()
+        return len(done)
+
+    def reassign(self, assignment: dict[str, list[int]], generation: int) -> None:
+        """Take a new assignment in place (RemoveSplit + NewSplit), keeping the SparkSession.
+
+        The batch in flight finishes (its checkpoint), the queries stop and this
+        process's stores are handed back; then the queries start again over
+        the new queues, as the new generation (which fences the old owners).
+        """
+        if self._queries:
+            self.stop_queries()
+        self.assignment = assignment
+        self.generation = generation
+        self.writer = f"{self.topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
+        self._start_queries()
 
     @property
     def _settings_file(self) -> str:
@@ -229,7 +327,9 @@ class Instance:
             state_dir=str(self.engine.state_dir) if self.engine.state_dir else None,
             broker_outage_s=self.engine.broker_outage_s,
         )
-        checkpoint = self._checkpoints / f"stage-{stage.index}"
+        # A fresh checkpoint per start: a restarted query must not resume from the
+        # previous assignment's offsets (positions come from the broker).
+        checkpoint = self._checkpoints / f"stage-{stage.index}-{uuid.uuid4().hex[:8]}"
         return (
             reader.load()
             .writeStream.foreachBatch(self._batch_fn(ctx))
@@ -390,8 +490,8 @@ class Instance:
                 )
             time.sleep(poll_s)
 
-    def stop(self, timeout_s: float = 120.0) -> None:
-        """Finish the batch in flight in every stage, then stop (final checkpoint)."""
+    def stop_queries(self, timeout_s: float = 120.0) -> None:
+        """Finish the batch in flight in every stage, then stop the queries (final checkpoint)."""
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         for query in self._queries:
@@ -400,14 +500,20 @@ class Instance:
                 and query.status.get("isTriggerActive")
                 and (time.monotonic() < deadline)
             ):
-                time.sleep(0.1)
+                time.sleep(0.05)
             query.stop()
         self._queries.clear()
         if self.engine.state_dir:
-            # Python workers keep stores open between batches (and outlive this
-            # instance when the SparkSession stays): hand them back, so a stopped
-            # instance's state may be moved or wiped.
+            # Python workers keep stores open between batches (and outlive the
+            # queries while the SparkSession stays): hand them back, so the
+            # queues' next owner, a restore or a wipe can have them.
             release_job_stores(self.engine.state_dir, self.topology.job_id)
+        for path in self._checkpoints.glob("stage-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Finish the batch in flight in every stage, then stop (final checkpoint)."""
+        self.stop_queries(timeout_s)
         shutil.rmtree(self._checkpoints, ignore_errors=True)
         self.progress(f"instance of {self.topology.job_id} stopped")
 

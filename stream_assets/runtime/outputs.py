@@ -1,11 +1,16 @@
 """Terminal outputs of a stage (sinks, print) and dead letters, through a Sender.
 
 Sinks are at-least-once: a batch replayed after a crash sends its outputs
-again. Every output message therefore has a deterministic key (job, origin or
-result key, position) so consumers can de-duplicate. The sink queue is chosen
-by ``route_key``: the result key after an aggregate, so one queue holds every
-update of a key in order; the source queue before one, so a sink queue keeps
-each source queue's order.
+again. Every output message therefore has a deterministic key, ``job/operator/
+<origin>/<position>``, the same for a replayed copy and different for any
+other output, so consumers can de-duplicate. The origin is the source record
+(``topic/queue/offset``) before an aggregate, the result after one: window
+and key, or for an unwindowed aggregate the key and its version
+(``<result key>/v<version>``, see :mod:`~stream_assets.runtime.stateful`); the
+position tells apart the outputs of one origin (a ``flat_map``, several sinks).
+The sink queue is chosen by ``route_key``: the result key after an aggregate,
+so one queue holds every update of a key in order; the source queue before
+one, so a sink queue keeps each source queue's order.
 """
 
 from __future__ import annotations

@@ -21,7 +21,11 @@ proven current against the state topic. Per micro-batch and queue
    idle, all open windows fire.
 4. Emit results (fired windows; for unwindowed aggregates the new value of
    every key changed in the batch; joined pairs) to the stage's sinks, at
-   least once.
+   least once. Each result's origin, which the sink message keys carry, is
+   the same for a replayed copy and different for a new result: a window's
+   bounds and key, a stream record's origin for a table join, and for an
+   unwindowed key its version, the seq of the commit that emits the update
+   (:func:`_versioned`).
 5. Checkpoint: values, origins, input offset, watermark and owner in one
    WriteBatch, the changelog record sent first and compare-and-appended.
 6. Results bound for another shuffle (a ``key_by`` after this stage's head)
@@ -53,7 +57,7 @@ from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import origin_id
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.context import StageContext, TaskStats
-from stream_assets.runtime.outputs import StageOutputs, dead_letter
+from stream_assets.runtime.outputs import StageOutputs, dead_letter, message_key
 from stream_assets.runtime.ports import Sender
 from stream_assets.runtime.shuffle_codec import decode, decode_key, encode_key
 from stream_assets.runtime.shuffle_out import ShuffleOut
@@ -265,7 +269,7 @@ def run_keyed_batch(
         for key_bytes, ts in sorted(changed_plain.items()):
             key = decode_key(key_bytes)
             value = agg.accumulator.result(state.get(_PLAIN + key_bytes))
-            results.append((_result_key(key), {"key": key, **value}, ts, key))
+            results.append((_versioned(key, meta.seq), {"key": key, **value}, ts, key))
     else:
         fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), all_idle, results)
         stats.fired = len(results)
@@ -541,8 +545,12 @@ def _emit(
             body = json.dumps(
                 {"key": key, "value": value, "window_end": window_end}, default=str
             ).encode()
-            # Keyed by the record's origin, so a replayed batch's copies de-duplicate.
-            sender.send(head.late_topic, body, key=f"{ctx.job_id}/late/{origin}")
+            # Keyed by the record's origin, so a replayed batch's copies de-duplicate;
+            # the window end (a record is late in every sliding window it missed) and
+            # the result key (a pre-combined batch's partials share one origin) keep
+            # two different late entries apart.
+            late_key = message_key(ctx.job_id, "late", origin, str(window_end), _result_key(key))
+            sender.send(head.late_topic, body, key=late_key)
     outputs.flush()
     return outbox
 
@@ -567,6 +575,26 @@ def _dead_letter(
 
 def _result_key(key: Any) -> str:
     return key if isinstance(key, str) else json.dumps(key, default=str)
+
+
+def _versioned(key: Any, seq: int) -> str:
+    """An unwindowed result's origin: its result key and version, ``<result key>/v<seq>``.
+
+    Every update of an unwindowed key is a new result, so the result key alone
+    would give every update the same message key and a consumer that drops
+    repeats would drop real updates. The version is the seq of the commit that
+    emits the update: a key changes at most once per batch, so a new update
+    always gets a new, higher version; a batch replayed from the same state
+    (a crash before its commit) has the same seq and its copies the same keys;
+    the seq lives in the committed meta, so a restore on another executor keeps
+    counting, and a reset's empty snapshot carries a seq above everything ever
+    written, so recomputed results are newer than the old ones. No state key
+    is added, so state written before versions existed needs no conversion.
+
+    >>> _versioned("new york", 7), _versioned(["eu", 7], 12)
+    ('new york/v7', '["eu", 7]/v12')
+    """
+    return f"{_result_key(key)}/v{seq}"
 
 
 def _max_opt(a: int | None, b: int | None) -> int | None:

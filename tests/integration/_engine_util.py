@@ -170,22 +170,40 @@ def read_topic(admin: RocketMQAdmin, topic: str) -> list[Record]:
 
 
 def latest_by_message_key(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
-    """JSON bodies by message key (``record.keys[0]``), the last stored one winning.
+    """JSON bodies by the engine's message key (``record.keys[-1]``), the last stored copy
+    winning.
 
     At-least-once sinks may store a result twice; the message key is
-    deterministic, so de-duplicating by it gives each result once. Later
-    offsets of a queue are later updates (a key always lands in one queue).
+    deterministic, so de-duplicating by it gives each result once (for an
+    unwindowed aggregate, each update once: the key carries its version).
     """
     out: dict[str, dict[str, Any]] = {}
     for r in records:
         assert r.keys, f"sink message without a key at {r.topic}[{r.queue_id}]@{r.queue_offset}"
-        out[r.keys[0]] = json.loads(r.body)
+        out[r.keys[-1]] = json.loads(r.body)
     return out
 
 
+def current_results(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """For an unwindowed sink: per result key, the body of its highest version.
+
+    What README tells a consumer: the engine's key of an update is
+    ``job/operator/<result key>/v<version>/<position>``; keep the last copy per
+    message key, and per result key the highest version is the current value.
+    """
+    best: dict[str, tuple[int, dict[str, Any]]] = {}
+    for message_key, body in latest_by_message_key(records).items():
+        result_key, version, _position = message_key.rsplit("/", 2)
+        assert version.startswith("v"), f"not an unwindowed result's key: {message_key}"
+        number = int(version[1:])
+        if result_key not in best or number > best[result_key][0]:
+            best[result_key] = (number, body)
+    return {k: body for k, (_, body) in best.items()}
+
+
 def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
-    """For an unwindowed sink: key -> its last emitted ``field``."""
-    return {v["key"]: v[field] for v in latest_by_message_key(records).values()}
+    """For an unwindowed sink: key -> ``field`` of its current (highest-version) result."""
+    return {v["key"]: v[field] for v in current_results(records).values()}
 
 
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:

@@ -30,6 +30,8 @@ from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import (
     Message,
+    current_results,
+    final_counts,
     latest_by_message_key,
     produce,
     produce_per_queue,
@@ -168,7 +170,7 @@ def test_an_integer_beyond_64_bits_is_one_dead_letter_and_a_restart_is_clean(
     expected: collections.Counter[str] = collections.Counter()
     for e in first + then:
         expected[e["word"]] += e["n"]
-    totals = {v["key"]: v["total"] for v in latest_by_message_key(read_topic(admin, sink)).values()}
+    totals = final_counts(read_topic(admin, sink), field="total")
     assert totals == dict(expected)
     dead = read_topic(admin, topology.dead_letter_topic)
     assert [json.loads(r.body) for r in dead] == [poison]
@@ -201,5 +203,5 @@ def test_tuple_and_spaced_keys_deduplicate_on_the_message_key(
     inst.await_caught_up(180)
     records = read_topic(admin, sink)
     assert all(len(r.keys) == 1 for r in records), [r.keys for r in records if len(r.keys) != 1]
-    got = {tuple(v["key"]): v["count"] for v in latest_by_message_key(records).values()}
+    got = {tuple(v["key"]): v["count"] for v in current_results(records).values()}
     assert got == dict(collections.Counter((e["city"], e["n"] % 2) for e in events))

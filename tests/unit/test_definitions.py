@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.schedules import scale_run_config, scale_schedules
+from jobs.schedules import all_scale_schedules, scale_run_config, scale_schedules
 from resources import RocksDBStateStoreResource, SparkResource
 from stream_assets.control.lineage import (
     SHARED_GROUP,
@@ -133,11 +133,17 @@ def test_registry_definitions_load() -> None:
     specs = defs.resolve_all_asset_specs()
     assert len(specs) == len({s.key for s in specs})
     repo = defs.get_repository_def()
-    assert {"instance_job", "scale_job", "roundtrip_job"} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {"supervisor_sensor"}
+    assert {
+        "instance_job",
+        "scale_job",
+        "roundtrip_job",
+        "stop_topology_job",
+        "start_topology_job",
+    } <= {j.name for j in repo.get_all_jobs()}
+    assert {"supervisor_sensor", "instance_failure_alerts"} <= {s.name for s in repo.sensor_defs}
     assert {s.name for s in repo.schedule_defs} == {
-        "scale_wordcount_0_to_2",
-        "scale_wordcount_1_to_1",
+        "scale_wordcount_to_2_at_0800",
+        "scale_wordcount_to_1_at_2000",
     }
     # Lineage through the real definitions: source -> topology -> shuffle/state/sink.
     graph = defs.resolve_asset_graph()
@@ -171,7 +177,10 @@ def test_scale_schedule_requests_the_scale_run() -> None:
         ),
     )
     schedules = scale_schedules(reg, scale_job)
-    assert [s.name for s in schedules] == ["scale_windowed_sum_0_to_4", "scale_windowed_sum_1_to_1"]
+    assert [s.name for s in schedules] == [
+        "scale_windowed_sum_to_4_at_0800",
+        "scale_windowed_sum_to_1_at_1930",
+    ]
     assert schedules[1].cron_schedule == "30 19 * * *"
     assert schedules[1].execution_timezone == "Asia/Shanghai"
     with dg.instance_for_test() as instance:
@@ -192,6 +201,34 @@ def test_scale_schedule_requests_the_scale_run() -> None:
             run_config=scale_run_config("windowed-sum", 4), instance=instance
         )
         assert result.success
+
+
+def test_schedule_names_say_what_and_when_and_stay_unique() -> None:
+    reg = TopologyRegistration(
+        "wordcount",
+        wordcount.build,
+        schedules=(
+            ScaleSchedule("0 8 * * 1-5", 2),
+            ScaleSchedule("0 8 * * 0,6", 2),  # same target and time, other days
+            ScaleSchedule("0 8 * * 1-5", 2, "Asia/Shanghai"),  # ... and another zone
+            ScaleSchedule("0 8 * * 1-5", 2, "Asia/Shanghai"),  # a plain repeat
+            ScaleSchedule("*/15 9-17 * * *", 3),
+            ScaleSchedule("5 20 * * *", 1),
+        ),
+    )
+    names = [s.name for s in scale_schedules(reg, scale_job)]
+    assert names == [
+        "scale_wordcount_to_2_at_0800_on_x_x_1to5_UTC",
+        "scale_wordcount_to_2_at_0800_on_x_x_0and6",
+        "scale_wordcount_to_2_at_0800_on_x_x_1to5_Asia_Shanghai_2",
+        "scale_wordcount_to_2_at_0800_on_x_x_1to5_Asia_Shanghai_3",
+        "scale_wordcount_to_3_cron_every15_9to17_x_x_x",
+        "scale_wordcount_to_1_at_2005",
+    ]
+    other = TopologyRegistration("word-count", wordcount.build, schedules=reg.schedules[:1])
+    clash = TopologyRegistration("word_count", wordcount.build, schedules=reg.schedules[:1])
+    with pytest.raises(ValueError, match="'word-count' and 'word_count'"):
+        all_scale_schedules([other, clash], scale_job)
 
 
 # -- resources -----------------------------------------------------------------

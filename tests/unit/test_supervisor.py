@@ -1,26 +1,55 @@
-"""The supervisor's plan on a real (temporary) Dagster instance: what it launches and why."""
+"""The supervisor's plan on a real (temporary) Dagster instance: what it launches, ends and why.
+
+Processes are real: a ``sleep`` child is a live run process, the pid of a
+child that already exited (and was reaped) a dead one. Heartbeats are written
+as the instance job writes them, with the fake process's pid and this host.
+"""
 
 import json
+import re
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.events import EngineEventData
 
+from jobs.alerts import alert_for, instance_failure_alerts
 from jobs.instance_job import instance_job, instance_run_config
-from jobs.supervisor import STARTUP_GRACE_S, plan_topology
-from stream_assets.control.allocation import allocate, changed_instances
-from stream_assets.control.desired_state import DesiredState, record_heartbeat
+from jobs.supervisor import crash_history, plan_topology
+from stream_assets.control.alerts import Alert
+from stream_assets.control.allocation import allocate
+from stream_assets.control.desired_state import (
+    DesiredState,
+    DesiredStateStore,
+    Heartbeat,
+    heartbeat_key,
+)
+from stream_assets.control.lineage import topology_asset_key
+from stream_assets.control.liveness import this_host
 from stream_assets.control.registry import (
     GENERATION_TAG,
     IDLE_TAG,
     INSTANCE_INDEX_TAG,
     TOPOLOGY_TAG,
 )
+from stream_assets.settings import SupervisorSettings
 
 NAME = "wc"
 QUEUES = {"wc-src": [0, 1], "wc-shuffle": [0, 1, 2, 3]}
+SETTINGS = SupervisorSettings(
+    heartbeat_timeout_s=30,
+    startup_grace_s=180,
+    terminate_grace_s=0.5,
+    backoff_base_s=15,
+    backoff_max_s=600,
+    crash_window_s=600,
+    alert_hooks=(),
+)
 
 
 @pytest.fixture
@@ -29,8 +58,42 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
+@pytest.fixture
+def live() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process standing in for a run worker."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _plan(
+    instance: dg.DagsterInstance,
+    state: DesiredState,
+    now: float,
+    settings: SupervisorSettings = SETTINGS,
+) -> tuple[list[dg.RunRequest], list[str]]:
+    items = list(plan_topology(instance, NAME, state, now, settings))
+    return (
+        [i for i in items if isinstance(i, dg.RunRequest)],
+        [i for i in items if isinstance(i, str)],
+    )
+
+
 def _requests(instance: dg.DagsterInstance, state: DesiredState, now: float) -> list[Any]:
-    return [r for r in plan_topology(instance, NAME, state, now) if isinstance(r, dg.RunRequest)]
+    return _plan(instance, state, now)[0]
+
+
+def _indexes(requests: list[dg.RunRequest]) -> list[int]:
+    return sorted(int(r.tags[INSTANCE_INDEX_TAG]) for r in requests)
 
 
 def _assignment(request: dg.RunRequest) -> Any:
@@ -38,25 +101,77 @@ def _assignment(request: dg.RunRequest) -> Any:
     return json.loads(config["assignment_json"])
 
 
-def _start(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.DagsterRun:
-    run = instance.create_run_for_job(
-        instance_job, run_config=request.run_config, tags=dict(request.tags)
-    )
+def _event(instance: dg.DagsterInstance, run: dg.DagsterRun, kind: dg.DagsterEventType) -> None:
     instance.handle_new_event(
-        dg.EventLogEntry(
+        dg.EventLogEntry(  # type: ignore[no-untyped-call]
             error_info=None,
             level="DEBUG",
             user_message="",
             run_id=run.run_id,
-            timestamp=0.0,
-            dagster_event=dg.DagsterEvent(
-                event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name
-            ),
+            timestamp=time.time(),
+            dagster_event=dg.DagsterEvent(event_type_value=kind.value, job_name=run.job_name),
         )
     )
-    started = instance.get_run_by_id(run.run_id)
-    assert started is not None and started.status == dg.DagsterRunStatus.STARTED
-    return started
+
+
+def _start(
+    instance: dg.DagsterInstance, request: dg.RunRequest, pid: int | None = None
+) -> dg.DagsterRun:
+    """Create the run and start it as Dagster's run worker does (engine event with the pid)."""
+    run = instance.create_run_for_job(
+        instance_job, run_config=request.run_config, tags=dict(request.tags)
+    )
+    _event(instance, run, dg.DagsterEventType.RUN_STARTING)
+    if pid is not None:
+        instance.report_engine_event(
+            f"Started process for run (pid: {pid}).", run, EngineEventData.in_process(pid)
+        )
+    _event(instance, run, dg.DagsterEventType.RUN_START)
+    return _status(instance, run, dg.DagsterRunStatus.STARTED)
+
+
+def _status(
+    instance: dg.DagsterInstance, run: dg.DagsterRun, expected: dg.DagsterRunStatus
+) -> dg.DagsterRun:
+    current = instance.get_run_by_id(run.run_id)
+    assert current is not None
+    assert current.status == expected, current.status
+    return current
+
+
+def _beat(
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    pid: int,
+    ts: float,
+    host: str | None = None,
+) -> None:
+    """The heartbeat the instance job writes, from process ``pid`` on ``host``."""
+    beat = Heartbeat(
+        job_id=NAME,
+        generation=int(run.tags[GENERATION_TAG]),
+        instance_index=int(run.tags[INSTANCE_INDEX_TAG]),
+        run_id=run.run_id,
+        ts=ts,
+        pid=pid,
+        host=this_host() if host is None else host,
+    )
+    instance.daemon_cursor_storage.set_cursor_values({heartbeat_key(run.run_id): beat.to_json()})
+
+
+def _fail(instance: dg.DagsterInstance, request: dg.RunRequest, message: str) -> dg.DagsterRun:
+    run = instance.create_run_for_job(
+        instance_job, run_config=request.run_config, tags=dict(request.tags)
+    )
+    instance.report_run_failed(run, message)
+    return _status(instance, run, dg.DagsterRunStatus.FAILURE)
+
+
+def _messages(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
+    return " | ".join(e.message for e in instance.all_logs(run.run_id))
+
+
+# -- what is launched ---------------------------------------------------------------------------
 
 
 def test_instances_beyond_the_queue_count_are_launched_idle_and_tagged(
@@ -81,46 +196,26 @@ def test_paused_topology_gets_no_runs(instance: dg.DagsterInstance) -> None:
     assert _requests(instance, state, now=0.0) == []
 
 
-def test_live_runs_are_kept_and_silent_ones_relaunched(instance: dg.DagsterInstance) -> None:
-    allocation = allocate(QUEUES, 2)
-    state = DesiredState(2, allocation)
-    first = _requests(instance, state, now=time.time())
-    runs = {int(r.tags[INSTANCE_INDEX_TAG]): _start(instance, r) for r in first}
-    now = time.time()
-    for index, run in runs.items():
-        record_heartbeat(instance, NAME, allocation.generation, index, run.run_id, ts=now)
-    assert _requests(instance, state, now=now) == []
-
-    # Instance 1 stops beating (its process was killed): after the timeout it is
-    # marked failed and requested again under a new run key; instance 0 is left alone.
-    record_heartbeat(instance, NAME, allocation.generation, 0, runs[0].run_id, ts=now + 600)
-    again = _requests(instance, state, now=now + 600)
-    assert [int(r.tags[INSTANCE_INDEX_TAG]) for r in again] == [1]
-    assert again[0].tags[GENERATION_TAG] == str(allocation.generation)
-    assert _assignment(again[0]) == allocation.for_instance(1)
-    assert again[0].run_key != first[1].run_key
-    failed = instance.get_run_by_id(runs[1].run_id)
-    assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
-
-
-def test_a_run_that_never_beats_is_relaunched_after_the_grace(
-    instance: dg.DagsterInstance,
+def test_stopped_topology_launches_nothing_but_its_dead_runs_are_still_ended(
+    instance: dg.DagsterInstance, dead_pid: int
 ) -> None:
-    state = DesiredState(1, allocate(QUEUES, 1))
-    (request,) = _requests(instance, state, now=time.time())
-    _start(instance, request)
-    assert _requests(instance, state, now=time.time()) == []
-    (relaunch,) = _requests(instance, state, now=time.time() + STARTUP_GRACE_S + 1)
-    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+    allocation = allocate(QUEUES, 2)
+    (first, _) = _requests(instance, DesiredState(2, allocation), now=time.time())
+    run = _start(instance, first, pid=dead_pid)
+    stopped = DesiredState(0, allocation)
+    for _tick in range(3):
+        assert _requests(instance, stopped, now=time.time()) == []
+    # The run whose process is gone does not stay STARTED, stopped topology or not.
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
 
 
-def test_runs_whose_share_changed_no_longer_serve(instance: dg.DagsterInstance) -> None:
+def test_a_live_run_of_an_older_generation_serves_its_index(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
     old = allocate(QUEUES, 2)
     now = time.time()
     for request in _requests(instance, DesiredState(2, old), now=now):
-        run = _start(instance, request)
-        index = int(request.tags[INSTANCE_INDEX_TAG])
-        record_heartbeat(instance, NAME, old.generation, index, run.run_id, ts=now)
+        _beat(instance, _start(instance, request, pid=live.pid), live.pid, now)
     # A run started by hand without an instance index serves no index (and is no error).
     _start(
         instance,
@@ -130,8 +225,427 @@ def test_runs_whose_share_changed_no_longer_serve(instance: dg.DagsterInstance) 
         ),
     )
     new = allocate(QUEUES, 3, "sticky", previous=old)
-    requests = _requests(instance, DesiredState(3, new), now=now)
-    # Instance 0's share survives the scale, so its run (of the older generation)
-    # keeps serving; instance 1's share changed and instance 2 is new.
-    assert sorted(changed_instances(old, new)) == [1, 2]
-    assert sorted(int(r.tags[INSTANCE_INDEX_TAG]) for r in requests) == [1, 2]
+    # Runs adopt a new allocation in place: only the new index 2 is launched, with the
+    # new generation and its share, in every phase of the rebalance.
+    for phase in ("warm", "release", "run"):
+        (request,) = _requests(instance, DesiredState(3, new, phase=phase), now=now)
+        assert request.tags[INSTANCE_INDEX_TAG] == "2"
+        assert request.tags[GENERATION_TAG] == str(new.generation)
+        assert _assignment(request) == new.for_instance(2)
+    # A scale-in launches nothing: the run of index 1 stops by itself.
+    assert _requests(instance, DesiredState(1, allocate(QUEUES, 1, previous=new)), now) == []
+
+
+def test_no_second_run_while_a_run_is_queued_or_starting(
+    instance: dg.DagsterInstance,
+) -> None:
+    state = DesiredState(2, allocate(QUEUES, 2))
+    zero, one = _requests(instance, state, now=time.time())
+    instance.create_run_for_job(instance_job, run_config=zero.run_config, tags=dict(zero.tags))
+    starting = instance.create_run_for_job(
+        instance_job, run_config=one.run_config, tags=dict(one.tags)
+    )
+    _event(instance, starting, dg.DagsterEventType.RUN_STARTING)
+    _status(instance, starting, dg.DagsterRunStatus.STARTING)
+    assert _requests(instance, state, now=time.time() + 10_000) == []
+
+
+# -- liveness -----------------------------------------------------------------------------------
+
+
+def test_alive_process_without_heartbeat_is_starting_however_long_it_takes(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    (request,) = _requests(instance, state, now=time.time())
+    run = _start(instance, request, pid=live.pid)
+    # Far past any startup grace: the process is alive, so the run is still starting.
+    assert _requests(instance, state, now=time.time() + 100 * SETTINGS.startup_grace_s) == []
+    _status(instance, run, dg.DagsterRunStatus.STARTED)
+    assert live.poll() is None
+
+
+def test_dead_process_is_dead_at_once(instance: dg.DagsterInstance, dead_pid: int) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    (request,) = _requests(instance, state, now=time.time())
+    run = _start(instance, request, pid=dead_pid)
+    # No heartbeat yet and well within every timeout: the process is gone, so is the run.
+    (relaunch, *_), lines = _plan(instance, state, now=time.time())
+    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0" and relaunch.run_key != request.run_key
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    assert any(f"process {dead_pid} on {this_host()} is gone" in line for line in lines), lines
+    assert f"process {dead_pid}" in _messages(instance, run)
+
+
+def test_a_heartbeating_run_whose_process_died_is_dead_before_its_heartbeat_ages(
+    instance: dg.DagsterInstance, dead_pid: int, live: subprocess.Popen[bytes]
+) -> None:
+    state = DesiredState(2, allocate(QUEUES, 2))
+    now = time.time()
+    zero, one = _requests(instance, state, now=now)
+    gone = _start(instance, zero, pid=dead_pid)
+    _beat(instance, gone, dead_pid, now)
+    kept = _start(instance, one, pid=live.pid)
+    _beat(instance, kept, live.pid, now)
+    assert _indexes(_requests(instance, state, now=now + 1)) == [0]
+    _status(instance, gone, dg.DagsterRunStatus.FAILURE)
+    _status(instance, kept, dg.DagsterRunStatus.STARTED)
+
+
+def test_hung_run_is_terminated_before_it_is_replaced(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    now = time.time()
+    (request,) = _requests(instance, state, now=now)
+    run = _start(instance, request, pid=live.pid)
+    _beat(instance, run, live.pid, now)
+    assert _requests(instance, state, now=now + SETTINGS.heartbeat_timeout_s - 1) == []
+    # Alive but silent past the timeout: hung. SIGTERM ends the sleep, then it is replaced.
+    (relaunch,), lines = _plan(instance, state, now=now + SETTINGS.heartbeat_timeout_s + 15)
+    assert live.wait(5) == -15
+    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    assert any("hung; terminated" in line for line in lines), lines
+
+
+def test_a_silent_run_is_not_terminated_while_it_is_expected_to_be_silent(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    allocation = allocate(QUEUES, 2)
+    now = time.time()
+    runs = [
+        _start(instance, request, pid=live.pid)
+        for request in _requests(instance, DesiredState(2, allocation), now=now)
+    ]
+    for run in runs:
+        _beat(instance, run, live.pid, now)
+    later = now + 10 * SETTINGS.heartbeat_timeout_s
+    # Rebalance steps run in the loop that beats; a stopped topology's instances and a
+    # scaled-away index finish their batch before they exit: silent, not hung.
+    for state in (
+        DesiredState(2, allocate(QUEUES, 2, previous=allocation), phase="warm"),
+        DesiredState(2, allocate(QUEUES, 2, previous=allocation), phase="release"),
+        DesiredState(0, allocation),
+    ):
+        requests, lines = _plan(instance, state, later)
+        assert requests == [] and len(lines) == 2, lines
+        assert all("but not terminated" in line for line in lines)
+    _beat(instance, runs[0], live.pid, later)  # instance 0 stays in the allocation and beats
+    _, (line,) = _plan(instance, DesiredState(1, allocate(QUEUES, 1, previous=allocation)), later)
+    assert "instance 1" in line and "its index left the allocation" in line
+    assert live.poll() is None
+    for run in runs:
+        _status(instance, run, dg.DagsterRunStatus.STARTED)
+
+
+def test_hung_run_that_ignores_sigterm_is_killed(instance: dg.DagsterInstance) -> None:
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+        state = DesiredState(1, allocate(QUEUES, 1))
+        now = time.time()
+        (request,) = _requests(instance, state, now=now)
+        run = _start(instance, request, pid=stubborn.pid)
+        _beat(instance, run, stubborn.pid, now)
+        (relaunch,), lines = _plan(instance, state, now=now + 600)
+        assert stubborn.wait(5) == -9 and relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+        assert any("ignored SIGTERM" in line for line in lines), lines
+        _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+
+
+def test_run_on_another_host_falls_back_to_heartbeat_timeout_and_grace(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    state = DesiredState(2, allocate(QUEUES, 2))
+    now = time.time()
+    zero, one = _requests(instance, state, now=now)
+    remote = _start(instance, zero, pid=live.pid)
+    _beat(instance, remote, live.pid, now, host="another-host")
+    # No engine event, no heartbeat: the pid is unknown, only the startup grace applies.
+    unknown = _start(instance, one)
+    assert _requests(instance, state, now=now + 10) == []
+    requests = _requests(instance, state, now=now + SETTINGS.startup_grace_s + 1)
+    assert _indexes(requests) == [0, 1]
+    _status(instance, remote, dg.DagsterRunStatus.FAILURE)
+    _status(instance, unknown, dg.DagsterRunStatus.FAILURE)
+    # A process on another host is never signalled from here (the pid is someone else's).
+    assert live.poll() is None
+
+
+def test_no_relaunch_while_canceling_until_the_process_is_gone(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    now = time.time()
+    (request,) = _requests(instance, state, now=now)
+    run = _start(instance, request, pid=live.pid)
+    _beat(instance, run, live.pid, now)
+    instance.report_run_canceling(run)
+    # Stopping instances beat no more while they finish their batch: never hung, never doubled.
+    for later in (10, 100, 10_000):
+        assert _requests(instance, state, now=now + later) == []
+    assert live.poll() is None
+    _status(instance, run, dg.DagsterRunStatus.CANCELING)
+    live.kill()
+    live.wait()
+    (relaunch,) = _requests(instance, state, now=time.time())
+    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+    _status(instance, run, dg.DagsterRunStatus.CANCELED)
+
+
+# -- crash-loop backoff -------------------------------------------------------------------------
+
+
+def test_backoff_after_two_consecutive_crashes_doubles_and_is_forgotten_after_the_window(
+    instance: dg.DagsterInstance,
+) -> None:
+    state = DesiredState(2, allocate(QUEUES, 2))
+    requests = {int(r.tags[INSTANCE_INDEX_TAG]): r for r in _requests(instance, state, 0.0)}
+    _fail(instance, requests[0], "RuntimeError: boom 1")
+    now = time.time()
+    # One crash: relaunched at once.
+    assert _indexes(_requests(instance, state, now)) == [0, 1]
+    _fail(instance, requests[0], "RuntimeError: boom 2")
+    now = time.time()
+    requests_now, lines = _plan(instance, state, now)
+    assert _indexes(requests_now) == [1]  # instance 1 never crashed: not held back
+    (line,) = lines
+    # (Seconds may be off by one or two on a busy machine: the failures are real runs.)
+    assert re.search(r"instance 0 of wc crashed 2 times in \d s; next attempt in 1[345] s", line)
+    assert line.endswith("last error: RuntimeError: boom 2")
+    assert _indexes(_requests(instance, state, now + 16)) == [0, 1]
+    _fail(instance, requests[0], "RuntimeError: boom 3")
+    now = time.time()
+    _, (line,) = _plan(instance, state, now)
+    assert re.search(r"crashed 3 times in \d+ s; next attempt in (28|29|30) s", line), line
+    assert _indexes(_requests(instance, state, now + 25)) == [1]
+    assert _indexes(_requests(instance, state, now + 31)) == [0, 1]
+    # Crashes older than the window are forgotten.
+    history = crash_history(instance, NAME, 0, now + SETTINGS.crash_window_s + 1, SETTINGS)
+    assert history.consecutive == 0
+    assert _indexes(_requests(instance, state, now + SETTINGS.crash_window_s + 1)) == [0, 1]
+
+
+def test_a_run_that_did_not_fail_ends_the_crash_streak(instance: dg.DagsterInstance) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    (request,) = _requests(instance, state, 0.0)
+    for i in range(3):
+        _fail(instance, request, f"boom {i}")
+    canceled = instance.create_run_for_job(
+        instance_job, run_config=request.run_config, tags=dict(request.tags)
+    )
+    instance.report_run_canceled(canceled)
+    history = crash_history(instance, NAME, 0, time.time(), SETTINGS)
+    assert (history.consecutive, history.in_window) == (0, 3)
+    assert _indexes(_requests(instance, state, time.time())) == [0]
+
+
+# -- alerts -------------------------------------------------------------------------------------
+
+ALERTS: list[Alert] = []
+
+
+def record_alert(alert: Alert) -> None:
+    """An alert hook (STREAM_ASSETS_ALERT_HOOKS=tests.unit.test_supervisor:record_alert)."""
+    ALERTS.append(alert)
+
+
+def broken_hook(alert: Alert) -> None:
+    raise RuntimeError(f"cannot page for {alert.run_id}")
+
+
+def _alert_sensor(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    failure = next(
+        e.dagster_event
+        for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    )
+    assert failure is not None
+    context = dg.build_run_status_sensor_context(
+        sensor_name="instance_failure_alerts",
+        dagster_event=failure,
+        dagster_instance=instance,
+        dagster_run=run,
+    ).for_run_failure()
+    instance_failure_alerts(context)
+
+
+def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
+    instance: dg.DagsterInstance,
+    dead_pid: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(
+        "STREAM_ASSETS_ALERT_HOOKS",
+        "tests.unit.test_supervisor:broken_hook, tests.unit.test_supervisor:record_alert",
+    )
+    ALERTS.clear()
+    state = DesiredState(1, allocate(QUEUES, 1))
+    (request,) = _requests(instance, state, now=time.time())
+    # A killed process, found dead by the supervisor: the first failure is a plain crash.
+    run = _start(instance, request, pid=dead_pid)
+    (relaunch,) = _requests(instance, state, now=time.time())
+    _alert_sensor(instance, _status(instance, run, dg.DagsterRunStatus.FAILURE))
+    (alert,) = ALERTS
+    assert (alert.topology, alert.instance, alert.run_id, alert.crashes, alert.kind) == (
+        NAME,
+        0,
+        run.run_id,
+        1,
+        "crash",
+    )
+    assert f"process {dead_pid}" in alert.message
+    # Dagster's code server may report the same run failed again: still one alert.
+    instance.report_run_failed(run)
+    _alert_sensor(instance, run)
+    assert len(ALERTS) == 1
+    # One clear line; the broken hook is reported, and did not keep the other from running.
+    logged = capfd.readouterr().err
+    assert f"instance 0 of wc failed (run {run.run_id}): its process {dead_pid}" in logged
+    assert "alert hook 'tests.unit.test_supervisor:broken_hook' raised RuntimeError" in logged
+    observed = instance.fetch_observations(topology_asset_key(NAME), limit=5).records
+    metadata = observed[0].asset_observation.metadata  # type: ignore[union-attr]
+    assert metadata["run_id"].value == run.run_id
+    assert metadata["instance"].value == 0
+    assert metadata["crashes_in_window"].value == 1
+    assert "process" in str(metadata["failure"].value)
+
+    # The second consecutive failure engages the backoff: a crash-loop alert.
+    second = _fail(instance, relaunch, "RuntimeError: cannot connect to the broker")
+    _alert_sensor(instance, second)
+    loop = ALERTS[-1]
+    assert (loop.kind, loop.crashes, loop.run_id) == ("crash_loop", 2, second.run_id)
+    assert 0 < loop.retry_in_s <= SETTINGS.backoff_base_s
+    assert loop.message == "RuntimeError: cannot connect to the broker"
+    assert alert_for(instance, second, time.time(), SETTINGS).kind == "crash_loop"
+
+
+def test_op_errors_are_the_alert_message(instance: dg.DagsterInstance) -> None:
+    @dg.op
+    def explode() -> None:
+        raise ValueError("the topology's source topic is gone")
+
+    @dg.job(name="instance_job")
+    def failing() -> None:
+        explode()
+
+    result = failing.execute_in_process(
+        instance=instance,
+        raise_on_error=False,
+        tags={TOPOLOGY_TAG: NAME, INSTANCE_INDEX_TAG: "0", GENERATION_TAG: "1"},
+    )
+    assert not result.success
+    alert = alert_for(instance, result.dagster_run, time.time(), SETTINGS)
+    assert alert.message == "ValueError: the topology's source topic is gone"
+
+
+# -- settings and hooks -------------------------------------------------------------------------
+
+
+def test_supervisor_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_ASSETS_STARTUP_GRACE_S", "7")
+    monkeypatch.setenv("STREAM_ASSETS_HEARTBEAT_TIMEOUT_S", "11")
+    monkeypatch.setenv("STREAM_ASSETS_SUPERVISOR_INTERVAL_S", "2")
+    monkeypatch.setenv("STREAM_ASSETS_BACKOFF_BASE_S", "1.5")
+    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "a.b:c,d:e")
+    s = SupervisorSettings()
+    assert (s.startup_grace_s, s.heartbeat_timeout_s, s.interval_s) == (7.0, 11.0, 2)
+    assert s.backoff_base_s == 1.5 and s.alert_hooks == ("a.b:c", "d:e")
+    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "just_a_module")
+    with pytest.raises(ValueError, match="must be 'module:function'"):
+        SupervisorSettings()
+
+
+# -- stop and start jobs ------------------------------------------------------------------------
+
+
+def _job(name: str, instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
+    from stream_assets.definitions import defs
+
+    op = {"stop_topology_job": "stop_topology", "start_topology_job": "start_topology"}[name]
+    return defs.get_job_def(name).execute_in_process(
+        run_config={"ops": {op: {"config": config}}}, instance=instance, raise_on_error=False
+    )
+
+
+def _error(result: dg.ExecuteInProcessResult) -> str:
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    return str(failure.step_failure_data.error)
+
+
+@pytest.fixture
+def wordcount(instance: dg.DagsterInstance) -> str:
+    """The registered wordcount topology, deployed with 2 instances (no runs)."""
+    queues = {"sourceTopic": [0, 1, 2, 3], "wordcount__shuffle__key_by-2": list(range(8))}
+    DesiredStateStore(instance).set("wordcount", DesiredState(2, allocate(queues, 2)))
+    return "wordcount"
+
+
+def test_stop_then_start_resumes_the_same_allocation(
+    instance: dg.DagsterInstance, wordcount: str, live: subprocess.Popen[bytes]
+) -> None:
+    store = DesiredStateStore(instance)
+    before = store.get(wordcount)
+    assert before is not None and before.allocation is not None
+    # One instance runs; it exits by itself once it sees the topology stopped (this
+    # instance's launcher cannot terminate runs).
+    request = dg.RunRequest(
+        run_config=instance_run_config(wordcount, 1, 0, before.allocation.for_instance(0)),
+        tags={TOPOLOGY_TAG: wordcount, INSTANCE_INDEX_TAG: "0", GENERATION_TAG: "1"},
+    )
+    run = _start(instance, request, pid=live.pid)
+
+    def exit_when_stopped() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = store.get(wordcount)
+            if state is not None and state.target_instances == 0:
+                instance.report_run_canceled(run, "stopped")
+                return
+            time.sleep(0.05)
+
+    follower = threading.Thread(target=exit_when_stopped)
+    follower.start()
+    stopped = _job("stop_topology_job", instance, topology=wordcount, stop_timeout_s=30)
+    follower.join()
+    assert stopped.success, _error(stopped)
+    assert store.get(wordcount) == DesiredState(0, before.allocation)
+    assert _requests(instance, DesiredState(0, before.allocation), time.time()) == []
+
+    started = _job("start_topology_job", instance, topology=wordcount, wait_s=0)
+    assert started.success, _error(started)
+    assert store.get(wordcount) == before  # same count, same allocation and generation
+    # Starting a running topology changes nothing.
+    again = _job("start_topology_job", instance, topology=wordcount, wait_s=0)
+    assert again.success and store.get(wordcount) == before
+
+
+def test_stop_and_start_refuse_while_a_reset_or_rebalance_runs(
+    instance: dg.DagsterInstance, wordcount: str
+) -> None:
+    store = DesiredStateStore(instance)
+    state = store.get(wordcount)
+    assert state is not None
+    for busy, why in (
+        (DesiredState(2, state.allocation, paused=True), "supervision is paused"),
+        (DesiredState(2, state.allocation, phase="warm"), "a rebalance is under way"),
+    ):
+        store.set(wordcount, busy)
+        for job in ("stop_topology_job", "start_topology_job"):
+            result = _job(job, instance, topology=wordcount)
+            assert not result.success and why in _error(result), _error(result)
+            assert store.get(wordcount) == busy
+    unknown = _job("stop_topology_job", instance, topology="no-such-topology")
+    assert "unknown topology 'no-such-topology'" in _error(unknown)

@@ -21,11 +21,13 @@ from stream_assets.examples import wordcount
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.rocketmq.records import Record
+from stream_assets.runtime import stateful
 from stream_assets.runtime.ports import Sender
 from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, encode_input
-from stream_assets.windows import Time, TumblingWindow, Window
+from stream_assets.windows import SessionWindow, SlidingWindow, Time, TumblingWindow, Window
 
 _VOCABULARY = ["stream", "queue", "topic", "broker", "state", "window", "Key", "COUNT", "é"]
 _SIZE = 10_000  # tumbling window size, ms
@@ -101,10 +103,16 @@ def test_wordcount_equals_a_counter_of_the_lines(
             assert driver.state(word) == {"count": count}
         assert driver.state("never-seen") is None
         assert driver.committed() == [driver.broker.topic("sourceTopic").end(q) for q in range(3)]
-        # sink keys are deterministic: job/operator/result key/position
+        # sink keys are deterministic: job/operator/result key/version/position, and
+        # every update of a key has a new, higher version
         sink_op = driver.topology.stages[1].ops[-1].op_id
+        versions: dict[str, list[int]] = defaultdict(list)
         for record, out in zip(driver.output_records(), driver.outputs(), strict=True):
-            assert record.keys == (f"wordcount/{sink_op}/{out['key']}/0",)
+            [key] = record.keys
+            prefix, version, position = key.rsplit("/", 2)
+            assert (prefix, version[0], position) == (f"wordcount/{sink_op}/{out['key']}", "v", "0")
+            versions[out["key"]].append(int(version[1:]))
+        assert all(vs == sorted(set(vs)) for vs in versions.values())
 
 
 def test_wordcount_is_deterministic() -> None:
@@ -351,6 +359,225 @@ def test_state_restored_from_the_state_topic_continues_exactly() -> None:
         d.pipe_many(second)
         d.advance()
         assert _latest_by_key(d.outputs(), "count") == dict(expected)
+
+
+# -- sink keys that de-duplicate -----------------------------------------------
+
+
+def _crash_before_commit_after_output(
+    monkeypatch: pytest.MonkeyPatch, driver: TopologyTestDriver, sink: str
+) -> list[int]:
+    """Arm one crash: the first stateful commit after ``sink`` received output fails.
+
+    As an executor lost between a batch's sink flush and its changelog write:
+    the outputs are out, the state and the offset are not committed, and the
+    batch runs again. Returns a list that holds the sink's length at the crash.
+    """
+    real = stateful.commit_with_changelog
+    before = len(driver.output_records(sink))
+    crashed_at: list[int] = []
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        now = len(driver.output_records(sink))
+        if not crashed_at and now > before:
+            crashed_at.append(now)
+            raise RuntimeError("executor lost before the commit")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stateful, "commit_with_changelog", commit)
+    return crashed_at
+
+
+def _version(record: Record) -> tuple[str, int]:
+    """(result key part, version) of an unwindowed result's engine key
+    ``job/op/<result key>/v<version>/<position>``."""
+    prefix, version, _position = record.keys[-1].rsplit("/", 2)
+    assert version.startswith("v"), record.keys
+    return prefix, int(version[1:])
+
+
+def _current_values(records: list[Record]) -> dict[Any, Any]:
+    """What README tells a consumer of an unwindowed sink to do: per message key
+    (the last key) keep the last copy; per result key the highest version is current."""
+    by_message_key = {r.keys[-1]: r for r in records}
+    current: dict[str, tuple[int, Any]] = {}
+    for record in by_message_key.values():
+        result_key, version = _version(record)
+        if result_key not in current or version > current[result_key][0]:
+            current[result_key] = (version, json.loads(record.body))
+    return {v["key"]: v["count"] for _, v in current.values()}
+
+
+def test_unwindowed_updates_get_new_keys_and_a_replay_repeats_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with TopologyTestDriver(wordcount.build(), source_queues=1, shuffle_queues=1) as driver:
+        shuffle = driver.topology.shuffle_topics[0]
+        driver.pipe("a b a")
+        driver.advance()
+        first = {json.loads(r.body)["key"]: _version(r)[1] for r in driver.output_records()}
+        crashed_at = _crash_before_commit_after_output(monkeypatch, driver, "wordcount-out")
+        driver.pipe("a c")
+        with pytest.raises(RuntimeError, match="executor lost"):
+            driver.advance()
+        crashed = driver.output_records()[len(first) :]
+        assert crashed_at == [len(first) + 2]
+        driver.rewind(shuffle, 0)  # the shuffle queue is read again from its start
+        driver.advance()
+        replayed = driver.output_records()[len(first) + len(crashed) :]
+        # The replayed batch, from the same state: the same messages under the same keys.
+        assert [(r.keys, r.body) for r in replayed] == [(r.keys, r.body) for r in crashed]
+        second = {json.loads(r.body)["key"]: _version(r)[1] for r in replayed}
+        assert second.keys() == {"a", "c"} and second["a"] > first["a"]
+        # A new update of a key: a new, higher version; a restore keeps counting.
+        driver.restore_state()
+        driver.pipe("a")
+        driver.advance()
+        [third] = driver.output_records()[len(first) + 2 * len(crashed) :]
+        assert json.loads(third.body) == {"key": "a", "count": 4}
+        assert _version(third)[1] > second["a"]
+        records = driver.output_records()
+        assert len({r.keys for r in records}) == len(records) - len(crashed)
+        assert _current_values(records) == {"a": 4, "b": 1, "c": 1}
+
+
+def test_a_replay_over_more_input_repeats_a_key_with_the_committed_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replay may read further than the attempt that died: the same update key then
+    carries a newer value, which the consumer's "last copy per key" rule keeps."""
+    rnd = random.Random(3)
+    lines = [line for line in _lines(rnd, 40) if line]
+    expected = Counter(w for line in lines for w in wordcount.split_words(line))
+    with TopologyTestDriver(wordcount.build(), source_queues=1, shuffle_queues=2) as driver:
+        driver.pipe_many(lines[:10])
+        driver.advance()
+        _crash_before_commit_after_output(monkeypatch, driver, "wordcount-out")
+        driver.pipe_many(lines[10:20])
+        with pytest.raises(RuntimeError, match="executor lost"):
+            driver.advance()
+        driver.pipe_many(lines[20:])  # the replay reads these too
+        driver.advance()
+        records = driver.output_records()
+        repeated = Counter(r.keys for r in records)
+        assert max(repeated.values()) == 2  # the crashed attempt's keys came again
+        assert _current_values(records) == dict(expected)
+
+
+@pytest.mark.parametrize("pre_combine", [True, False])
+def test_late_records_have_a_key_per_record_window_and_key(pre_combine: bool) -> None:
+    b = StreamBuilder("slide")
+    (
+        b.source("events", json_deserializer)
+        .key_by("key")
+        .window(SlidingWindow.of(Time.seconds(10), Time.seconds(5)))
+        .count()
+        .water_mark(0)
+        .late_records_to("slide-late")
+        .to_rstream()
+        .sink("out")
+    )
+    with TopologyTestDriver(
+        b.build(), source_queues=1, shuffle_queues=1, pre_combine=pre_combine
+    ) as driver:
+        driver.pipe({"key": "a"}, event_time=1_000)
+        driver.pipe({"key": "b"}, event_time=60_000)
+        driver.advance()
+        # Late in both sliding windows it belongs to ([0, 10 s), [5 s, 15 s)), for two keys.
+        driver.pipe_many([{"key": "a"}, {"key": "b"}], event_time=7_000)
+        driver.advance()
+        records = driver.output_records("slide-late")
+        assert sorted((r["key"], r["window_end"]) for r in driver.late("slide-late")) == [
+            ("a", 10_000),
+            ("a", 15_000),
+            ("b", 10_000),
+            ("b", 15_000),
+        ]
+        assert len({r.keys for r in records}) == len(records) == 4
+
+
+def _keyed_topologies() -> dict[str, tuple[Topology, str]]:
+    """A topology per stateful head with results: (topology, sink topic)."""
+    out: dict[str, tuple[Topology, str]] = {}
+    for name, window in (
+        ("tumbling", TumblingWindow.of(Time.milliseconds(_SIZE))),
+        ("session", SessionWindow.with_gap(Time.milliseconds(_SIZE))),
+    ):
+        b = StreamBuilder(name)
+        (
+            b.source("events", json_deserializer)
+            .key_by("key")
+            .window(window)
+            .sum("v", "sum")
+            .to_rstream()
+            .flat_map(lambda r: [r, r])  # two outputs of one result: the position tells
+            .sink("out")
+        )
+        out[name] = (b.build(), "out")
+    b = StreamBuilder("wjoin")
+    left, right = b.source("events", json_deserializer), b.source("more", json_deserializer)
+    (
+        left.join(right)
+        .where("key")
+        .equal_to("key")
+        .window(TumblingWindow.of(Time.milliseconds(_SIZE)))
+        .apply(lambda a, c: {"l": a["v"], "r": c["v"]})
+        .sink("out")
+    )
+    out["join"] = (b.build(), "out")
+    b = StreamBuilder("tjoin")
+    table = b.table("more", json_deserializer, key="key", timestamp="ts")
+    (
+        b.source("events", json_deserializer)
+        .select_timestamp("ts")
+        .join_table(table, key="key", joiner=lambda a, c: {"l": a["v"], "r": c["v"]}, left=True)
+        .to_rstream()
+        .sink("out")
+    )
+    out["table-join"] = (b.build(), "out")
+    return out
+
+
+@pytest.mark.parametrize("head", ["tumbling", "session", "join", "table-join"])
+def test_every_stateful_result_has_its_own_key_and_a_replay_repeats_it(
+    head: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topology, sink = _keyed_topologies()[head]
+    rnd = random.Random(8)
+    with TopologyTestDriver(topology, source_queues=2, shuffle_queues=2) as driver:
+        for i in range(60):
+            topic = "more" if "join" in head and i % 3 == 0 else "events"
+            ts = 1_000 * i + rnd.randrange(500)
+            value = {"key": rnd.choice("abc"), "v": i, "ts": ts}
+            driver.pipe(value, topic=topic, event_time=ts)
+        driver.advance()
+        crashed_at = _crash_before_commit_after_output(monkeypatch, driver, sink)
+        before = len(driver.output_records(sink))
+        with pytest.raises(RuntimeError, match="executor lost"):
+            driver.advance_idle()  # every open window (every waiting record) fires
+        crashed = driver.output_records(sink)[before : crashed_at[0]]
+        driver.advance_idle()
+        records = driver.output_records(sink)
+        replayed = records[crashed_at[0] : crashed_at[0] + len(crashed)]
+        assert crashed and [(r.keys, r.body) for r in replayed] == [
+            (r.keys, r.body) for r in crashed
+        ]
+        # Apart from the replayed copies, no two outputs share a key.
+        assert len({r.keys for r in records}) == len(records) - len(crashed)
+
+
+def test_source_stage_outputs_are_keyed_by_their_record() -> None:
+    b = StreamBuilder("plain")
+    b.source("events", text_deserializer).flat_map(str.split).sink("out")
+    with TopologyTestDriver(b.build(), source_queues=2) as driver:
+        driver.pipe_many(["a b", "a", "c a b"])
+        driver.advance()
+        first = [(r.keys, r.body) for r in driver.output_records()]
+        driver.rewind()  # a crash before the offset commit: the batch runs again
+        driver.advance()
+        records = driver.output_records()
+        assert [(r.keys, r.body) for r in records[len(first) :]] == first
+        assert len({r.keys for r in records}) == len(first) == 6
 
 
 # -- the in-memory broker and the driver's plumbing ---------------------------

@@ -1,0 +1,300 @@
+"""Stop and start a topology from the Dagster UI, keeping its offsets and state.
+
+**stop_topology_job** (``{"ops": {"stop_topology": {"config": {"topology": "wordcount"}}}}``)
+sets the topology's desired instance count to 0. The supervisor then launches
+nothing for it, and every instance run is cancelled: each finishes its batch
+in flight (its final checkpoint: offsets and state committed together) and
+exits. The job returns once no instance run of the topology is left. Consumer
+offsets, state topics and local stores are untouched, and the allocation is
+kept, so a later start resumes exactly where the stop left off.
+
+**start_topology_job** (``{"ops": {"start_topology": {"config": {"topology":
+"wordcount"}}}}``) puts the instance count back: as many as before the stop
+(``target_instances: 0``, the default; the registered ``default_instances`` for
+a topology never deployed), or the count given. The same count reuses the kept
+allocation, so every queue goes back to the instance index that had it; another
+count allocates anew (nothing runs, so nothing has to move). The supervisor
+launches the instances on its next tick; the job waits until each heartbeats
+(``wait_s``, 0: do not wait).
+
+Both refuse, changing nothing, while supervision is paused (a reset runs) or a
+rebalance is under way (the scale job's ``warm``/``release`` phases).
+
+Example (from Python, as the tests do)::
+
+    >>> defs.get_job_def("stop_topology_job").execute_in_process(
+    ...     run_config={"ops": {"stop_topology": {"config": {"topology": "wordcount"}}}},
+    ...     instance=instance)  # doctest: +SKIP
+"""
+
+import time
+
+import dagster as dg
+
+from jobs.failures import failure, registered
+from jobs.supervisor import instance_runs, run_index, run_process
+from resources.rocketmq import RocketMQResource
+from resources.spark import SparkResource
+from resources.state_store import RocksDBStateStoreResource
+from stream_assets.control.allocation import Allocation, allocate, topology_queues
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.control.liveness import process_alive
+from stream_assets.control.topics import provision_topics
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.errors import RocketMQError
+
+STOP_JOB = "stop_topology_job"
+START_JOB = "start_topology_job"
+
+
+class StopConfig(dg.Config):
+    """Which topology to stop, and how long its instances may take to finish their batch."""
+
+    topology: str
+    stop_timeout_s: float = 300.0
+
+
+class StartConfig(dg.Config):
+    """Which topology to start, with how many instances, and how long to wait for them."""
+
+    topology: str
+    target_instances: int = 0  # 0: as many as before the stop (or the registered default)
+    wait_s: float = 600.0  # wait until every instance heartbeats; 0: return at once
+
+
+def _refuse_if_busy(name: str, state: DesiredState | None, what: str) -> None:
+    if state is None:
+        return
+    if state.paused:
+        raise failure(
+            f"cannot {what} {name}: its supervision is paused, so a reset_job is changing it (or "
+            "one failed part-way: run it again to complete it). Try again when it is done. "
+            "Nothing was changed."
+        )
+    if state.phase != "run":
+        raise failure(
+            f"cannot {what} {name}: a rebalance is under way (phase {state.phase!r}); wait for "
+            "the scale_job run to finish, then try again. Nothing was changed."
+        )
+
+
+@dg.op
+def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
+    """Stop ``config.topology``: desired count 0, every instance finishes its batch and exits."""
+    name = config.topology
+    registered(name)
+    store = DesiredStateStore(context.instance)
+    current = store.get(name)
+    _refuse_if_busy(name, current, "stop")
+    before = current.target_instances if current else 0
+    allocation = current.allocation if current else None
+    # Written first: from here on the supervisor launches nothing for the topology,
+    # so the runs cancelled below stay stopped.
+    store.set(name, DesiredState(0, allocation))
+    kept = (
+        f"; allocation of generation {allocation.generation} ({allocation.instances} "
+        "instances) kept for the start"
+        if allocation is not None
+        else ""
+    )
+    context.log.info(f"{name}: desired instances {before} -> 0 (stopped){kept}")
+    stopped = _stop_runs(context, name, config.stop_timeout_s)
+    context.log.info(
+        f"{name} is stopped: no instance runs; offsets and state are where the last batch "
+        "committed them. start_topology_job resumes it."
+    )
+    context.add_output_metadata({"instances_before": before, "runs_stopped": len(stopped)})
+
+
+def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> list[str]:
+    """Cancel every unfinished instance run of ``name``; wait until none is left.
+
+    Listed again until none is left: a supervisor tick that began before the
+    desired state changed may still launch one run.
+    """
+    instance = context.instance
+    asked: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = instance_runs(instance, name)
+        if not runs:
+            return asked
+        for run in runs:
+            if run.run_id not in asked:
+                asked.append(run.run_id)
+                context.log.info(
+                    f"stopping instance {run_index(run)} (run {run.run_id}, {run.status.value}): "
+                    "it finishes its batch in flight, then exits"
+                )
+                _cancel(context, run)
+            _settle_unstarted(instance, run)
+        if time.monotonic() > deadline:
+            left = ", ".join(f"{r.run_id} ({r.status.value})" for r in runs)
+            raise failure(
+                f"{name} is stopped (desired instances 0: the supervisor launches nothing), but "
+                f"these instance runs did not end within {timeout_s:.0f}s: {left}. Look at their "
+                "logs; run this job again to keep waiting, or terminate them from the Runs page."
+            )
+        time.sleep(0.5)
+
+
+def _cancel(context: dg.OpExecutionContext, run: dg.DagsterRun) -> None:
+    """Ask a run to stop: it finishes its batch in flight, then ends CANCELED."""
+    if run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
+        return  # no process yet: _settle_unstarted marks it canceled
+    if run.status == dg.DagsterRunStatus.CANCELING:
+        return
+    try:
+        context.instance.run_coordinator.cancel_run(run.run_id)
+    except Exception as exc:
+        # A launcher that cannot terminate: the instance still sees the desired count 0
+        # and exits after its batch by itself.
+        context.log.warning(
+            f"could not cancel run {run.run_id} ({type(exc).__name__}: {exc}); it exits by "
+            "itself once it sees the topology stopped"
+        )
+
+
+def _settle_unstarted(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    """Mark canceled a cancelled run that has no process to end it (never started, or gone)."""
+    current = instance.get_run_by_id(run.run_id)
+    if current is None or current.is_finished:
+        return
+    if current.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
+        # Not launched yet: no run worker would report a cancellation (and Dagster does
+        # not start a run that is already canceled).
+        instance.report_run_canceled(current, "stopped before it started (stop_topology_job)")
+        return
+    if current.status != dg.DagsterRunStatus.CANCELING:
+        return
+    beat = heartbeats(instance, [current.run_id]).get(current.run_id)
+    process = run_process(instance, current, beat)
+    if process is not None and process.local and not process_alive(process.pid, process.seen_at):
+        instance.report_run_canceled(
+            current, f"stopped (stop_topology_job); its {process.describe()} is gone"
+        )
+
+
+@dg.op
+def start_topology(
+    context: dg.OpExecutionContext,
+    config: StartConfig,
+    rocketmq: RocketMQResource,
+    spark: SparkResource,
+    state_store: RocksDBStateStoreResource,
+) -> None:
+    """Start ``config.topology`` again (or deploy it): the supervisor launches its instances."""
+    name = config.topology
+    reg = registered(name)
+    if config.target_instances < 0:
+        raise failure(
+            f"target_instances must be >= 0 (0: as before the stop), got "
+            f"{config.target_instances}. Nothing was changed."
+        )
+    store = DesiredStateStore(context.instance)
+    current = store.get(name)
+    _refuse_if_busy(name, current, "start")
+    if current is not None and current.target_instances > 0:
+        context.log.info(
+            f"{name} is not stopped: it runs {current.target_instances} instances. Nothing was "
+            "changed (scale_job changes the count)."
+        )
+        context.add_output_metadata({"instances": current.target_instances, "started": False})
+        return
+    old = current.allocation if current else None
+    count = config.target_instances or (old.instances if old else reg.default_instances)
+    if old is not None and old.instances == count:
+        allocation = old
+        context.log.info(
+            f"{name}: resuming {count} instances on the kept allocation (generation "
+            f"{old.generation}): every queue goes back to the index that had it"
+        )
+    else:
+        allocation = _allocate(context, name, count, old, rocketmq, spark, state_store)
+    since = time.time()
+    store.set(name, DesiredState(count, allocation))
+    context.log.info(
+        f"{name}: desired instances 0 -> {count}; the supervisor launches them on its next tick "
+        "and they resume from the committed offsets and state"
+    )
+    if config.wait_s > 0:
+        _await_heartbeats(context, name, count, since, config.wait_s)
+    context.add_output_metadata(
+        {"instances": count, "generation": allocation.generation, "started": True}
+    )
+
+
+def _allocate(
+    context: dg.OpExecutionContext,
+    name: str,
+    count: int,
+    old: Allocation | None,
+    rocketmq: RocketMQResource,
+    spark: SparkResource,
+    state_store: RocksDBStateStoreResource,
+) -> Allocation:
+    """A new allocation of ``count`` instances (the topology is stopped: nothing moves live)."""
+    left = instance_runs(context.instance, name)
+    if left:
+        raise failure(
+            f"cannot start {name} with {count} instances while runs of it are still stopping "
+            f"({', '.join(r.run_id for r in left)}); wait for them (stop_topology_job waits) "
+            "and try again. Nothing was changed."
+        )
+    reg = registered(name)
+    topology = reg.topology()
+    engine = spark.engine_settings(state_dir=state_store.root())
+    try:
+        with RocketMQAdmin(rocketmq.settings()) as admin:
+            topics = provision_topics(admin, topology, engine, context.log.info)
+    except (RocketMQError, ValueError) as exc:
+        raise failure(f"cannot start {name}: {exc}. Nothing was changed.") from exc
+    queues = topology_queues(topology, topics.source_queues, engine.shuffle_queues)
+    allocation = allocate(queues, count, reg.strategy, previous=old)
+    context.log.info(
+        f"{name}: new allocation of {count} instances (generation {allocation.generation}); "
+        "each instance restores the state of queues it does not hold locally on its first batch"
+    )
+    return allocation
+
+
+def _await_heartbeats(
+    context: dg.OpExecutionContext, name: str, count: int, since: float, wait_s: float
+) -> None:
+    """Wait until every index below ``count`` has a STARTED run that heartbeat after ``since``."""
+    deadline = time.monotonic() + wait_s
+    ready: set[int] = set()
+    while True:
+        runs = instance_runs(context.instance, name, [dg.DagsterRunStatus.STARTED])
+        beats = heartbeats(context.instance, [r.run_id for r in runs]) if runs else {}
+        ready = {run_index(r) for r in runs if r.run_id in beats and beats[r.run_id].ts >= since}
+        if ready >= set(range(count)):
+            context.log.info(f"{name}: all {count} instances run and heartbeat")
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(count)) - ready)
+            raise failure(
+                f"{name} is started (desired instances {count}), but instances {missing} did not "
+                f"heartbeat within {wait_s:.0f}s. The supervisor_sensor launches them: is the "
+                "dagster daemon running (`dagster dev` starts it) and the sensor on? Their runs' "
+                "logs (and instance_failure_alerts) say why they fail."
+            )
+        time.sleep(1.0)
+
+
+@dg.job(
+    name=STOP_JOB,
+    description="Stop a topology: no instance runs, offsets and state kept; start resumes it.",
+)
+def stop_topology_job() -> None:
+    """Stop a registered topology."""
+    stop_topology()
+
+
+@dg.job(
+    name=START_JOB,
+    description="Start a stopped topology again (or deploy it with its default instance count).",
+)
+def start_topology_job() -> None:
+    """Start a registered topology."""
+    start_topology()

@@ -1,0 +1,246 @@
+"""The metrics sensor: topology totals on the topology, sink and source assets.
+
+Each instance run observes only its topology asset, under keys named for its
+index (``instance_<i>.records_per_s``, ...; see
+:mod:`stream_assets.control.metrics`). Every ``STREAM_ASSETS_METRICS_INTERVAL_S``
+this sensor, for each deployed topology (one with a desired state):
+
+1. takes the latest observation of every unfinished instance run of the
+   topology, if it is newer than ``STREAM_ASSETS_METRICS_STALE_S``;
+2. sums them (:func:`~stream_assets.control.metrics.aggregate`) and observes
+   - the **topology** asset with the desired state (``desired_instances``,
+     ``generation``, ``phase``, ``paused``), ``running_instances`` and the
+     totals (``records_per_s``, ``lag``, ``state_bytes``, ...);
+   - every **sink** topic with the totals, under the keys instances used to
+     write there (``records_per_s``, ``lag``, ``records_out``, ...);
+   - every **source** topic with the topology's lag and input rate there.
+
+Why a sensor and not, say, instance 0: the totals need every instance's
+numbers and the desired state, and must go on while any one instance is down
+or restarting; the sensor runs in the daemon, costs no run, and reads both
+from the Dagster instance. Every series then has one writer, so the sink
+asset's plots are topology totals instead of a line jumping between instances.
+A topic that several topologies use (a shared source, or one topology's sink
+feeding another) gets each topology's keys prefixed ``<job id>.``.
+
+Observations are emitted only when there is something new: the cursor keeps,
+per topology, the newest instance observation summed and the desired state
+last shown.
+
+Example (one tick, as the daemon makes it)::
+
+    >>> context = dg.build_sensor_context(instance=instance)  # doctest: +SKIP
+    >>> result = topology_metrics_sensor(context)  # doctest: +SKIP
+    >>> sorted({e.asset_key.to_user_string() for e in result.asset_events})  # doctest: +SKIP
+    ['topics/sourceTopic', 'topics/wordcount_out', 'topologies/wordcount']
+"""
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+
+from jobs.instance_job import INSTANCE_JOB
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore
+from stream_assets.control.lineage import topic_asset_key, topology_asset_key
+from stream_assets.control.metrics import (
+    InstanceReport,
+    MetricsSettings,
+    aggregate,
+    parse_instance_metadata,
+    scoped,
+    sink_metadata,
+    source_metadata,
+    topology_metadata,
+)
+from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
+from stream_assets.plan.topology import Topology
+
+#: Runs whose observations count: any that has not finished (a CANCELING one
+#: still finishes its batch).
+LIVE = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+#: At most this many recent topology observations are read per tick: far more
+#: than instances x (stale_s / metrics interval).
+OBSERVATIONS_LIMIT = 1000
+
+
+def live_run_ids(instance: dg.DagsterInstance, job_id: str) -> set[str]:
+    """Ids of the unfinished instance runs of ``job_id``."""
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(job_name=INSTANCE_JOB, tags={TOPOLOGY_TAG: job_id}, statuses=LIVE)
+    )
+    return {r.run_id for r in runs}
+
+
+def latest_reports(
+    instance: dg.DagsterInstance, job_id: str, run_ids: set[str], since_ts: float
+) -> tuple[list[InstanceReport], int]:
+    """The newest report of each run in ``run_ids`` observed after ``since_ts``, and the
+    storage id of the newest of them (0 if none).
+
+    Example::
+
+        >>> inst = dg.DagsterInstance.ephemeral()
+        >>> latest_reports(inst, "wordcount", {"run-a"}, since_ts=0.0)
+        ([], 0)
+    """
+    if not run_ids:
+        return [], 0
+    records = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=topology_asset_key(job_id), after_timestamp=since_ts),
+        limit=OBSERVATIONS_LIMIT,
+    ).records  # newest first
+    reports: dict[str, InstanceReport] = {}
+    newest = 0
+    for record in records:
+        if record.run_id not in run_ids or record.run_id in reports:
+            continue
+        observation = record.asset_observation
+        if observation is None:
+            continue
+        report = parse_instance_metadata(observation.metadata, record.run_id, record.timestamp)
+        if report is not None:
+            reports[record.run_id] = report
+            newest = max(newest, record.storage_id)
+    return sorted(reports.values(), key=lambda r: (r.index, r.run_id)), newest
+
+
+def topic_users(topologies: Mapping[str, Topology]) -> dict[str, set[str]]:
+    """For every source and sink topic, the job ids that read or write it.
+
+    Example::
+
+        >>> from stream_assets.examples import wordcount
+        >>> users = topic_users({"a": wordcount.build(), "b": wordcount.build(job_id="b")})
+        >>> sorted(users["sourceTopic"])
+        ['a', 'b']
+    """
+    users: dict[str, set[str]] = {}
+    for job_id, topology in topologies.items():
+        for topic in (*topology.source_topics, *topology.sink_topics):
+            users.setdefault(topic, set()).add(job_id)
+    return users
+
+
+def _desired_signature(state: DesiredState) -> str:
+    generation = None if state.allocation is None else state.allocation.generation
+    return json.dumps([state.target_instances, generation, state.phase, state.paused])
+
+
+def topology_observations(
+    instance: dg.DagsterInstance,
+    topology: Topology,
+    state: DesiredState,
+    users: Mapping[str, set[str]],
+    now: float,
+    settings: MetricsSettings,
+    seen: Mapping[str, Any],
+) -> tuple[list[dg.AssetObservation], dict[str, Any]]:
+    """One topology's observations this tick, and its cursor entry after them.
+
+    ``seen`` is its cursor entry from the previous tick (``{}`` the first time).
+    """
+    job_id = topology.job_id
+    run_ids = live_run_ids(instance, job_id)
+    reports, newest = latest_reports(instance, job_id, run_ids, now - settings.stale_s)
+    signature = _desired_signature(state)
+    fresh = newest > int(seen.get("seen", 0))
+    if not fresh and signature == seen.get("desired"):
+        return [], dict(seen)
+    totals = aggregate(reports) if reports else None
+    events = [
+        dg.AssetObservation(
+            asset_key=topology_asset_key(job_id),
+            metadata=topology_metadata(
+                totals,
+                desired_instances=state.target_instances,
+                generation=None if state.allocation is None else state.allocation.generation,
+                running_instances=len(run_ids),
+                phase=state.phase,
+                paused=state.paused,
+                instances=reports,
+            ),
+        )
+    ]
+    if totals is not None and fresh:
+
+        def own(topic: str, metadata: dict[str, Any]) -> dict[str, Any]:
+            return metadata if users.get(topic, set()) <= {job_id} else scoped(metadata, job_id)
+
+        for topic in topology.sink_topics:
+            events.append(
+                dg.AssetObservation(
+                    asset_key=topic_asset_key(topic),
+                    metadata=own(topic, sink_metadata(job_id, totals)),
+                )
+            )
+        for topic in topology.source_topics:
+            events.append(
+                dg.AssetObservation(
+                    asset_key=topic_asset_key(topic),
+                    metadata=own(topic, source_metadata(job_id, topic, totals)),
+                )
+            )
+    return events, {"seen": max(newest, int(seen.get("seen", 0))), "desired": signature}
+
+
+def build_metrics_sensor(
+    registrations: Mapping[str, TopologyRegistration],
+    name: str = "topology_metrics_sensor",
+    settings: MetricsSettings | None = None,
+) -> dg.SensorDefinition:
+    """The metrics sensor over ``registrations`` (read at every tick: may grow later).
+
+    Example::
+
+        >>> build_metrics_sensor(REGISTRY).name
+        'topology_metrics_sensor'
+    """
+    interval = (settings or MetricsSettings()).interval_s
+
+    @dg.sensor(
+        name=name,
+        minimum_interval_seconds=interval,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Sums the running instances' numbers into topology totals and observes "
+        "the topology, sink and source assets with them.",
+    )
+    def metrics_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        now = time.time()
+        current = settings or MetricsSettings()
+        cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
+        states = DesiredStateStore(context.instance).get_many(registrations)
+        topologies = {name: reg.topology() for name, reg in registrations.items()}
+        users = topic_users(topologies)
+        events: list[dg.AssetObservation] = []
+        for job_id, state in sorted(states.items()):
+            found, cursor[job_id] = topology_observations(
+                context.instance,
+                topologies[job_id],
+                state,
+                users,
+                now,
+                current,
+                cursor.get(job_id, {}),
+            )
+            events.extend(found)
+        return dg.SensorResult(
+            asset_events=events,
+            cursor=json.dumps(cursor, sort_keys=True),
+            skip_reason=None if events else "no new instance observations",
+        )
+
+    return metrics_sensor
+
+
+#: The code location's metrics sensor (over every registered topology).
+topology_metrics_sensor = build_metrics_sensor(REGISTRY)

@@ -1,0 +1,139 @@
+"""Topology checks against the real broker, evaluated by Dagster in this process.
+
+A topology with a backlog and no instance running fails its lag check; an
+instance drains it and the check passes. A poison record (an integer beyond 64
+bits: the shuffle cannot encode it) fails the dead-letter check once; the next
+evaluation, with nothing new, passes. Evaluations alternate between the two
+paths the code location uses: the checks job (a run, ``execute_in_process``)
+and the checks sensor (reported evaluations, as the daemon stores them), both
+reading the previous evaluation from the same Dagster instance.
+"""
+
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from jobs.checks import (
+    DEAD_LETTERS,
+    FRESH,
+    LAG,
+    CheckSettings,
+    build_checks_sensor,
+    topology_checks,
+)
+from resources import RocketMQResource
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore
+from stream_assets.control.lineage import lineage_asset_specs
+from stream_assets.control.metrics import instance_numbers
+from stream_assets.control.registry import TopologyRegistration
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.plan.topology import Topology
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.serde import json_deserializer
+from stream_assets.settings import RocketMQSettings
+from tests.integration._engine_util import Message, produce
+from tests.integration.conftest import EngineHarness
+
+pytestmark = pytest.mark.integration
+
+MAX_LAG = 50
+
+
+def _totals(job: str, source: str, sink: str) -> Topology:
+    builder = StreamBuilder(job)
+    (
+        builder.source(source, json_deserializer)
+        .key_by("word")
+        .sum("n", "total")
+        .to_rstream()
+        .sink(sink)
+    )
+    return builder.build()
+
+
+def _passed(evaluations: list[dg.AssetCheckEvaluation]) -> dict[str, bool]:
+    return {e.check_name.split("__", 1)[1]: e.passed for e in evaluations}
+
+
+def test_lag_and_dead_letter_checks_fail_then_pass(
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+) -> None:
+    job = f"ck_{uuid.uuid4().hex[:10]}"
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 2)
+    registration = TopologyRegistration(job, lambda: _totals(job, source, sink))
+    topology = registration.topology()
+    settings = CheckSettings(max_lag=MAX_LAG, fresh_within_s=600)
+    checks = topology_checks(topology, settings)
+    rocketmq = RocketMQResource(namesrv_addr=client_settings.namesrv_addr)
+    defs = dg.Definitions(
+        assets=lineage_asset_specs([topology]),
+        asset_checks=[checks],
+        jobs=[dg.define_asset_job("ck_checks_job", selection=dg.AssetSelection.checks(checks))],
+        resources={"rocketmq": rocketmq},
+    )
+    sensor = build_checks_sensor({job: registration}, settings, name="ck_checks_sensor")
+    instance = dg.DagsterInstance.ephemeral()
+    # Deployed (one instance wanted), but nothing runs it: no daemon, no supervisor.
+    DesiredStateStore(instance).set(job, DesiredState(1))
+
+    def by_job() -> dict[str, bool]:
+        result = defs.resolve_job_def("ck_checks_job").execute_in_process(instance=instance)
+        assert result.success
+        return _passed(result.get_asset_check_evaluations())
+
+    def by_sensor() -> tuple[dict[str, bool], dict[str, Any]]:
+        context = dg.build_sensor_context(instance=instance, resources={"rocketmq": rocketmq})
+        result = sensor(context)
+        assert isinstance(result, dg.SensorResult)
+        evaluations = [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
+        for evaluation in evaluations:  # what the daemon does with a sensor's asset events
+            instance.report_runless_asset_event(evaluation)
+        details = {e.check_name.split("__", 1)[1]: e for e in evaluations}
+        return _passed(evaluations), details
+
+    rnd = random.Random(11)
+    events = [{"word": rnd.choice("abcde"), "n": rnd.randint(1, 9)} for _ in range(300)]
+    bodies = [json.dumps(e).encode() for e in events]
+    produce(client_settings, source, [Message(b, queue_id=i % 2) for i, b in enumerate(bodies)])
+
+    # A backlog of 300 with no instance: the lag check fails. The dead-letter
+    # check records its baseline; the input is new, so the sink is not overdue.
+    assert by_job() == {LAG: False, DEAD_LETTERS: True, FRESH: True}
+
+    # One poison record among the backlog, then an instance drains it all.
+    produce(client_settings, source, [Message(json.dumps({"word": "a", "n": 2**70}).encode())])
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    inst.await_caught_up(120)
+    # What this instance would report (the numbers _observe logs), from its real metrics.
+    numbers = instance_numbers(
+        topology,
+        {i: dict(m.totals) for i, m in inst.metrics.items()},
+        inst.state_size(),
+        inst.lag_by_queue(),
+    )
+    assert (numbers.records_in, numbers.dead_letters, numbers.lag) == (301, 1, 0)
+    assert numbers.records_out > 0 and numbers.state_keys > 0
+    engine.stop(inst)
+
+    passed, details = by_sensor()
+    assert passed == {LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert details[DEAD_LETTERS].metadata["new_dead_letters"].value == 1
+    assert details[LAG].metadata["lag"].value == 0
+    assert details[FRESH].metadata["output_age_s"].value < 120
+
+    # Nothing new since: both paths agree that every check passes.
+    assert by_job() == {LAG: True, DEAD_LETTERS: True, FRESH: True}
+    assert by_sensor()[0] == {LAG: True, DEAD_LETTERS: True, FRESH: True}
+
+    # The evaluations are stored on the assets, as the UI shows them.
+    summaries = instance.event_log_storage.get_asset_check_summary_records(list(checks.check_keys))
+    assert all(s.last_completed_check_execution_record is not None for s in summaries.values())

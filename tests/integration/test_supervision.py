@@ -1,0 +1,406 @@
+"""Supervision with a real Dagster daemon, broker and Spark: kill, hang, cancel, stop, start.
+
+A temporary DAGSTER_HOME with the project's instance config and a real
+``dagster-daemon`` over the real code location (a WordCount registered under a
+fresh name through ``STREAM_ASSETS_TOPOLOGIES``), the supervisor and alert
+sensors ticking every 2 s, and an alert hook that writes to a file. Instance
+runs are real runs of the default run launcher, each with its SparkSession.
+The stop and start jobs run in this process against the same instance.
+
+Every wait is for an event (a run status, a heartbeat, sensor ticks, drained
+queues) with a deadline; "nothing happens" is checked over a number of
+completed supervisor ticks, never over a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+
+from jobs.supervisor import failure_message
+from stream_assets.control.desired_state import DesiredStateStore, heartbeats
+from stream_assets.control.lineage import topology_asset_key
+from stream_assets.control.liveness import process_alive
+from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.settings import PROJECT_ROOT, RocketMQSettings
+from tests.integration._alert_hook import recorded
+from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
+
+pytestmark = pytest.mark.integration
+
+VENV_BIN = Path(sys.executable).parent
+TICK_S = 2  # the sensors' interval here
+HEARTBEAT_TIMEOUT_S = 20
+UNFINISHED = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+@dataclass
+class Env:
+    """The module's Dagster home, topology and input sent so far."""
+
+    home: Path
+    name: str
+    instance: dg.DagsterInstance
+    alerts: str
+    settings: RocketMQSettings
+    sent: list[str] = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        return f"{self.name}-in"
+
+    @property
+    def sink(self) -> str:
+        return f"{self.name}-out"
+
+    def feed(self, seed: int, count: int) -> None:
+        """Send ``count`` random lines (10 per message) to the source topic."""
+        rnd = random.Random(seed)
+        vocab = [f"w{i:03d}" for i in range(300)]
+        lines = [" ".join(rnd.choices(vocab, k=6)) for _ in range(count)]
+        messages = [
+            Message("\n".join(lines[i : i + 10]).encode(), key=f"s{seed}-{i}")
+            for i in range(0, len(lines), 10)
+        ]
+        produce(self.settings, self.source, messages, threads=2)
+        self.sent.extend(lines)
+
+    def expected(self) -> dict[str, int]:
+        return dict(collections.Counter(w for line in self.sent for w in line.split()))
+
+
+@pytest.fixture(scope="module")
+def env(
+    client_settings: RocketMQSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Env]:
+    """DAGSTER_HOME, env for the code location, the source topic, a running dagster-daemon."""
+    home = tmp_path_factory.mktemp("dagster_supervision")
+    shutil.copy(PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml", home / "dagster.yaml")
+    workspace = home / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
+        f"      working_directory: {PROJECT_ROOT}\n"
+    )
+    run_id = uuid.uuid4().hex[:8]
+    alerts = str(home / "alerts.jsonl")
+    variables = {
+        "DAGSTER_HOME": str(home),
+        "STREAM_ASSETS_TOPOLOGIES": "tests.integration._dagster_topologies",
+        "STREAM_ASSETS_TEST_RUN_ID": run_id,
+        "STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR": client_settings.namesrv_addr,
+        "STREAM_ASSETS_ENGINE_STATE_DIR": str(home / "state"),
+        "STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES": "4",
+        "STREAM_ASSETS_ENGINE_SINK_QUEUES": "4",
+        "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "300",
+        "STREAM_ASSETS_ENGINE_SPARK_CONF": json.dumps({"spark.ui.showConsoleProgress": "false"}),
+        "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": str(TICK_S),
+        "STREAM_ASSETS_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
+        "STREAM_ASSETS_ALERT_HOOKS": "tests.integration._alert_hook:record",
+        "STREAM_ASSETS_TEST_ALERT_FILE": alerts,
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    # This process imported the registry before the env was set: register here too.
+    from tests.integration import _dagster_topologies as dt
+
+    name = f"it-dg-{run_id}"
+    dt.NAME = name
+    REGISTRY[name] = type(dt.REGISTRATIONS[0])(name, dt.build)
+    with RocketMQAdmin(client_settings) as admin:
+        admin.create_topic(f"{name}-in", 4)
+    # Create the SQLite storage before the daemon opens the same home (dagster-io/dagster#27390).
+    instance = dg.DagsterInstance.get()
+    log = (home / "daemon.log").open("w")
+    daemon = subprocess.Popen(
+        [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
+        cwd=PROJECT_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield Env(home, name, instance, alerts, client_settings)
+    finally:
+        # Stopped first so that nothing is relaunched while the runs are cancelled.
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+        for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
+            if not run.is_finished:
+                instance.run_coordinator.cancel_run(run.run_id)
+        log.close()
+        instance.dispose()
+        REGISTRY.pop(name, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _job(name: str, instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
+    from stream_assets.definitions import defs
+
+    op = {"stop_topology_job": "stop_topology", "start_topology_job": "start_topology"}[name]
+    result = defs.get_job_def(name).execute_in_process(
+        run_config={"ops": {op: {"config": config}}}, instance=instance, raise_on_error=False
+    )
+    if not result.success:
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        pytest.fail(f"{name} failed: {failure.step_failure_data.error}")
+    return result
+
+
+def _runs(
+    env: Env, index: int, statuses: list[dg.DagsterRunStatus] | None = None
+) -> list[dg.DagsterRun]:
+    return list(
+        env.instance.get_runs(
+            filters=dg.RunsFilter(
+                job_name="instance_job",
+                tags={TOPOLOGY_TAG: env.name, INSTANCE_INDEX_TAG: str(index)},
+                statuses=statuses or [],
+            )
+        )
+    )
+
+
+def _unfinished(env: Env) -> list[dg.DagsterRun]:
+    return list(
+        env.instance.get_runs(
+            filters=dg.RunsFilter(
+                job_name="instance_job", tags={TOPOLOGY_TAG: env.name}, statuses=UNFINISHED
+            )
+        )
+    )
+
+
+def _status(env: Env, run_id: str) -> dg.DagsterRunStatus | None:
+    run = env.instance.get_run_by_id(run_id)
+    return run.status if run is not None else None
+
+
+def _beating(env: Env, index: int, other_than: str = "") -> dg.DagsterRun | None:
+    """The STARTED run of ``index`` that has heartbeat (past its Spark start-up), if any."""
+    runs = [r for r in _runs(env, index, [dg.DagsterRunStatus.STARTED]) if r.run_id != other_than]
+    beats = heartbeats(env.instance, [r.run_id for r in runs]) if runs else {}
+    return next((r for r in runs if r.run_id in beats), None)
+
+
+def _await_beating(env: Env, index: int, what: str, other_than: str = "") -> dg.DagsterRun:
+    """Wait (Spark start-up included) until a run of ``index`` heartbeats; that run."""
+    run = wait_until(lambda: _beating(env, index, other_than), 240, what)
+    assert run is not None
+    return run
+
+
+def _ticks(env: Env, sensor: str, after: float) -> int:
+    """Completed ticks of ``sensor`` that began after ``after`` (epoch seconds)."""
+    count = 0
+    for state in env.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.instigator_name != sensor:
+            continue
+        ticks = env.instance.get_ticks(
+            state.instigator_origin_id,
+            state.selector_id,
+            after=after,
+            statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED],
+        )
+        count += len(ticks)
+    return count
+
+
+def _await_ticks(env: Env, count: int, sensor: str = "supervisor_sensor") -> None:
+    """Wait until ``sensor`` completed ``count`` ticks from now."""
+    since = datetime.now(UTC).timestamp()
+    wait_until(
+        lambda: _ticks(env, sensor, since) >= count,
+        60 + count * TICK_S * 5,
+        f"{count} ticks of {sensor} (is the daemon up? see {env.home / 'daemon.log'})",
+        poll_s=0.5,
+    )
+
+
+def _drained(env: Env, admin: RocketMQAdmin) -> bool:
+    topology = REGISTRY[env.name].topology()
+    for topic in [env.source, *topology.shuffle_topics]:
+        for q in admin.queues(topic):
+            if (admin.query_consumer_offset(env.name, q) or 0) < admin.max_offset(q):
+                return False
+    return True
+
+
+def _counts_exact(env: Env, admin: RocketMQAdmin, what: str) -> None:
+    wait_until(lambda: _drained(env, admin), 300, f"every queue drained ({what})", poll_s=1.0)
+    wait_until(
+        lambda: final_counts(read_topic(admin, env.sink)) == env.expected(),
+        120,
+        f"exact counts ({what})",
+        poll_s=1.0,
+    )
+
+
+# -- the tests (in order: they share the topology and its input) -------------------------------
+
+
+def test_killed_instance_is_marked_failed_replaced_exactly_once_and_alerted(
+    env: Env, admin: RocketMQAdmin
+) -> None:
+    # Deploy through the start job: never deployed, so its registered default (1 instance).
+    started = _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
+    assert started.success
+    # The alert sensor must have ticked once: its first tick only sets its cursor.
+    _await_ticks(env, 1, "instance_failure_alerts")
+    env.feed(1, 1000)
+    victim = _await_beating(env, 0, "instance 0 heartbeating")
+    pid = heartbeats(env.instance, [victim.run_id])[victim.run_id].pid
+    killed_at = datetime.now(UTC)
+    os.kill(pid, signal.SIGKILL)
+
+    # Marked failed at once (not after a heartbeat timeout): by the supervisor, which
+    # finds the process gone, or by Dagster's code server, which notices that the run
+    # worker it started died, whichever looks first. The message names the cause.
+    wait_until(
+        lambda: _status(env, victim.run_id) == dg.DagsterRunStatus.FAILURE,
+        10 * TICK_S + 20,
+        "the killed run to be marked failed",
+    )
+    reason = failure_message(env.instance, victim.run_id)
+    causes = (f"process {pid} on ", "was terminated by signal 9 (SIGKILL)")
+    assert any(cause in reason for cause in causes), reason
+    replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=victim.run_id)
+    _await_ticks(env, 3)
+    after = env.instance.get_run_records(
+        filters=dg.RunsFilter(
+            job_name="instance_job",
+            tags={TOPOLOGY_TAG: env.name, INSTANCE_INDEX_TAG: "0"},
+            created_after=killed_at,
+        )
+    )
+    assert [r.dagster_run.run_id for r in after] == [replacement.run_id]
+
+    # The alert: the hook got it, and the topology asset records it.
+    alert = wait_until(
+        lambda: next((a for a in recorded(env.alerts) if a["run_id"] == victim.run_id), None),
+        60,
+        "the alert hook to be called",
+    )
+    assert alert is not None
+    assert (alert["topology"], alert["instance"]) == (env.name, 0)
+    # (More than one crash if the instance failed to start before: a busy shared broker.)
+    assert int(str(alert["crashes"])) >= 1 and alert["message"] == reason
+    assert sum(a["run_id"] == victim.run_id for a in recorded(env.alerts)) == 1
+    observations = env.instance.fetch_observations(topology_asset_key(env.name), limit=500).records
+    alerted = [
+        o.asset_observation.metadata
+        for o in observations
+        if o.asset_observation is not None and "alert" in o.asset_observation.metadata
+    ]
+    assert any(m["run_id"].value == victim.run_id for m in alerted), alerted
+
+
+def test_a_hung_instance_is_terminated_before_it_is_replaced(
+    env: Env, admin: RocketMQAdmin
+) -> None:
+    victim = _await_beating(env, 0, "instance 0 heartbeating")
+    pid = heartbeats(env.instance, [victim.run_id])[victim.run_id].pid
+    # Frozen: alive, silent. Past the heartbeat timeout the supervisor sends SIGTERM
+    # (held while the process is stopped), then SIGKILL, and only then replaces it.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: _status(env, victim.run_id) == dg.DagsterRunStatus.FAILURE,
+            HEARTBEAT_TIMEOUT_S + 10 * TICK_S + 30,
+            "the supervisor to end the hung run",
+        )
+    finally:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert not process_alive(pid), "the hung run was marked failed while its process lived"
+    log = (env.home / "daemon.log").read_text()
+    assert f"process {pid} on" in log and "ignored SIGTERM" in log
+    replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=victim.run_id)
+    assert [r.run_id for r in _unfinished(env)] == [replacement.run_id]
+
+
+def test_a_canceling_run_is_never_doubled(env: Env, admin: RocketMQAdmin) -> None:
+    target = _await_beating(env, 0, "instance 0 heartbeating")
+    pid = heartbeats(env.instance, [target.run_id])[target.run_id].pid
+    # Frozen, the run cannot act on its cancellation: it stays CANCELING, silent,
+    # its process alive, for as long as the test needs. The cancellation is the
+    # status Dagster's terminate records first (the run's loop stops on it); the
+    # terminate's signal to the run worker would block on the frozen process.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        env.instance.report_run_canceling(target)
+        assert _status(env, target.run_id) == dg.DagsterRunStatus.CANCELING
+        _await_ticks(env, 3)
+        assert [r.run_id for r in _unfinished(env)] == [target.run_id]
+        assert _status(env, target.run_id) == dg.DagsterRunStatus.CANCELING
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(
+        lambda: _status(env, target.run_id) == dg.DagsterRunStatus.CANCELED,
+        180,
+        "the cancelled run to finish its batch and end CANCELED",
+    )
+    logs = [e.message for e in env.instance.all_logs(target.run_id)]
+    assert any("instance stopped cleanly" in m for m in logs), logs[-10:]
+    # Then (and only then) the index is served again, by one run.
+    replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=target.run_id)
+    assert [r.run_id for r in _unfinished(env)] == [replacement.run_id]
+    env.feed(2, 500)
+
+
+def test_stop_launches_nothing_and_start_resumes_with_exact_counts(
+    env: Env, admin: RocketMQAdmin
+) -> None:
+    env.feed(3, 1000)
+    _counts_exact(env, admin, "before the stop")
+    before = final_counts(read_topic(admin, env.sink))
+
+    stopped = _job("stop_topology_job", env.instance, topology=env.name, stop_timeout_s=180)
+    assert stopped.success
+    assert _unfinished(env) == []
+    state = DesiredStateStore(env.instance).get(env.name)
+    assert state is not None and state.target_instances == 0 and state.allocation is not None
+    env.feed(4, 1000)  # arrives while stopped
+    _await_ticks(env, 3)
+    assert _unfinished(env) == [], "the supervisor launched a run of a stopped topology"
+    assert final_counts(read_topic(admin, env.sink)) == before
+
+    started = _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
+    assert started.success
+    resumed = DesiredStateStore(env.instance).get(env.name)
+    assert resumed is not None and resumed.allocation == state.allocation
+    assert resumed.target_instances == state.allocation.instances
+    _counts_exact(env, admin, "after the start")
