@@ -28,42 +28,20 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._engine import create_topic, produce
-from stream_assets.settings import PROJECT_ROOT, RocketMQSettings
+from stream_assets.settings import RocketMQSettings
 
 TARGET_PAUSE_S = 10.0
-
-
-def _dagster_home(settings: RocketMQSettings) -> tuple[Path, dict[str, str]]:
-    home = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    shutil.copy(PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml", home / "dagster.yaml")
-    (home / "workspace.yaml").write_text(
-        "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
-        f"      working_directory: {PROJECT_ROOT}\n"
-    )
-    env = {
-        "DAGSTER_HOME": str(home),
-        "STREAM_ASSETS_TOPOLOGIES": "tests.integration._dagster_topologies",
-        "STREAM_ASSETS_TEST_RUN_ID": f"bench{uuid.uuid4().hex[:6]}",
-        "STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR": settings.namesrv_addr,
-        "STREAM_ASSETS_ENGINE_STATE_DIR": str(home / "state"),
-        "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": "2",
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    return home, env
 
 
 def _scale(instance: Any, name: str, target: int) -> dict[str, Any]:
@@ -141,67 +119,50 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     settings = RocketMQSettings()
-    home, env = _dagster_home(settings)
-    os.environ.update(env)
     import dagster as dg
 
-    from stream_assets.control.registry import REGISTRY
-    from tests.integration import _dagster_topologies as dt
+    from tests.integration._dagster_env import dagster_deployment
 
-    name = f"it-dg-{env['STREAM_ASSETS_TEST_RUN_ID']}"
-    dt.NAME = name
-    REGISTRY[name] = type(dt.REGISTRATIONS[0])(name, dt.build)
-    instance = dg.DagsterInstance.get()
-    daemon = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "dagster-daemon"),
-            "run",
-            "-w",
-            str(home / "workspace.yaml"),
-        ],
-        cwd=PROJECT_ROOT,
-        stdout=(home / "daemon.log").open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    stop = threading.Event()
     figures: dict[str, Any] = {"keys": args.keys}
-    try:
-        source = f"{name}-in"
-        create_topic(settings, source, 8)
-        words = [f"k{i:06d}" for i in range(args.keys)]
-        bodies = [" ".join(words[i : i + 500]).encode() for i in range(0, len(words), 500)]
-        produce(settings, source, bodies)
-        began = time.time()
-        cold = _scale(instance, name, 1)
-        figures["cold_start_s"] = round(time.time() - began, 1)
-        feeder = threading.Thread(target=_paced, args=(settings, source, stop, words), daemon=True)
-        feeder.start()
-        for target in (3, 2):
-            before = instance.get_runs_count(dg.RunsFilter(job_name="instance_job"))
-            md = _scale(instance, name, target)
-            key = f"{'3' if target == 2 else '1'}->{target}"
-            figures[key] = {
-                "pause_s": md["pause_s"],
-                "scale_s": md["scale_s"],
-                "queues_moved": md["queues_moved"],
-                "new_runs": instance.get_runs_count(dg.RunsFilter(job_name="instance_job"))
-                - before,
-            }
-        figures["generation"] = cold["generation"]
-        stop.set()
-        feeder.join(30)
-        figures["kill9_to_caught_up_s"] = _kill9_to_caught_up(instance, name, settings, words)
-    finally:
-        stop.set()
-        for run in instance.get_runs():
-            if not run.is_finished:
-                instance.run_coordinator.cancel_run(run.run_id)
-        os.killpg(daemon.pid, signal.SIGTERM)
+    home = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    stop = threading.Event()
+    with dagster_deployment(
+        home,
+        settings.namesrv_addr,
+        STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES="8",
+        STREAM_ASSETS_SUPERVISOR_INTERVAL_S="2",
+    ) as deployment:
+        instance, name = deployment.instance, deployment.name
         try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
+            source = f"{name}-in"
+            create_topic(settings, source, 8)
+            words = [f"k{i:06d}" for i in range(args.keys)]
+            bodies = [" ".join(words[i : i + 500]).encode() for i in range(0, len(words), 500)]
+            produce(settings, source, bodies)
+            began = time.time()
+            cold = _scale(instance, name, 1)
+            figures["cold_start_s"] = round(time.time() - began, 1)
+            feeder = threading.Thread(
+                target=_paced, args=(settings, source, stop, words), daemon=True
+            )
+            feeder.start()
+            for target in (3, 2):
+                before = instance.get_runs_count(dg.RunsFilter(job_name="instance_job"))
+                md = _scale(instance, name, target)
+                key = f"{'3' if target == 2 else '1'}->{target}"
+                after = instance.get_runs_count(dg.RunsFilter(job_name="instance_job"))
+                figures[key] = {
+                    "pause_s": md["pause_s"],
+                    "scale_s": md["scale_s"],
+                    "queues_moved": md["queues_moved"],
+                    "new_runs": after - before,
+                }
+            figures["generation"] = cold["generation"]
+            stop.set()
+            feeder.join(30)
+            figures["kill9_to_caught_up_s"] = _kill9_to_caught_up(instance, name, settings, words)
+        finally:
+            stop.set()
     if args.json:
         print(json.dumps(figures))
         return

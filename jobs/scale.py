@@ -32,7 +32,7 @@ from collections.abc import Iterable
 import dagster as dg
 
 from jobs.failures import failure, registered
-from jobs.supervisor import instance_runs, run_index
+from jobs.supervisor import failure_message, instance_runs, run_index
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
@@ -101,6 +101,13 @@ def scale(
     store = DesiredStateStore(context.instance)
     current = store.get(config.topology)
     old = current.allocation if current else None
+    if current is not None and current.paused:
+        # A scale left mid-phase (its process died) is not refused: this one's new
+        # generation takes every instance through the phases again.
+        raise failure(
+            f"{config.topology} is paused by a reset: wait for it to finish (or run a "
+            "failed one again). Nothing was changed."
+        )
     if config.target_instances == 0:
         _stop_all(context, config, store, old)
         return
@@ -224,7 +231,7 @@ def _await(
             for i in sorted(wanted - set(done)):
                 run = runs.get(i)
                 if run is None:
-                    missing.append(f"instance {i}: no run (is the dagster daemon running?)")
+                    missing.append(f"instance {i}: {_no_live_run(context, config, i)}")
                     continue
                 beat = beats.get(run.run_id)
                 seen = f"last heartbeat {beat.age():.0f}s ago" if beat else "no heartbeat yet"
@@ -234,6 +241,24 @@ def _await(
                 f"{config.start_timeout_s:.0f}s: " + "; ".join(missing)
             )
         time.sleep(0.1)
+
+
+def _no_live_run(context: dg.OpExecutionContext, config: ScaleConfig, index: int) -> str:
+    """Why instance ``index`` has no live run: its last run's failure, or no run at all."""
+    ended = [
+        r
+        for r in instance_runs(
+            context.instance,
+            config.topology,
+            [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED],
+        )
+        if run_index(r) == index
+    ]
+    if not ended:
+        return "no run yet (the supervisor sensor launches it: is the dagster daemon running?)"
+    last = ended[0]  # newest first
+    cause = failure_message(context.instance, last.run_id) or last.status.value
+    return f"no live run; the last one ({last.run_id}) ended {last.status.value}: {cause}"
 
 
 def _await_gone(

@@ -15,14 +15,9 @@ completed supervisor ticks, never over a fixed sleep.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
-import shutil
 import signal
-import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,13 +34,13 @@ from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.settings import PROJECT_ROOT, RocketMQSettings
+from stream_assets.settings import RocketMQSettings
 from tests.integration._alert_hook import recorded
+from tests.integration._dagster_env import dagster_deployment
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
-VENV_BIN = Path(sys.executable).parent
 TICK_S = 2  # the sensors' interval here
 HEARTBEAT_TIMEOUT_S = 20
 UNFINISHED = [
@@ -98,70 +93,18 @@ def env(
 ) -> Iterator[Env]:
     """DAGSTER_HOME, env for the code location, the source topic, a running dagster-daemon."""
     home = tmp_path_factory.mktemp("dagster_supervision")
-    shutil.copy(PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml", home / "dagster.yaml")
-    workspace = home / "workspace.yaml"
-    workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
-        f"      working_directory: {PROJECT_ROOT}\n"
-    )
-    run_id = uuid.uuid4().hex[:8]
     alerts = str(home / "alerts.jsonl")
-    variables = {
-        "DAGSTER_HOME": str(home),
-        "STREAM_ASSETS_TOPOLOGIES": "tests.integration._dagster_topologies",
-        "STREAM_ASSETS_TEST_RUN_ID": run_id,
-        "STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR": client_settings.namesrv_addr,
-        "STREAM_ASSETS_ENGINE_STATE_DIR": str(home / "state"),
-        "STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES": "4",
-        "STREAM_ASSETS_ENGINE_SINK_QUEUES": "4",
-        "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "300",
-        "STREAM_ASSETS_ENGINE_SPARK_CONF": json.dumps({"spark.ui.showConsoleProgress": "false"}),
-        "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": str(TICK_S),
-        "STREAM_ASSETS_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S),
-        "STREAM_ASSETS_ALERT_HOOKS": "tests.integration._alert_hook:record",
-        "STREAM_ASSETS_TEST_ALERT_FILE": alerts,
-        "PYSPARK_PYTHON": sys.executable,
-    }
-    saved = {k: os.environ.get(k) for k in variables}
-    os.environ.update(variables)
-    # This process imported the registry before the env was set: register here too.
-    from tests.integration import _dagster_topologies as dt
-
-    name = f"it-dg-{run_id}"
-    dt.NAME = name
-    REGISTRY[name] = type(dt.REGISTRATIONS[0])(name, dt.build)
-    with RocketMQAdmin(client_settings) as admin:
-        admin.create_topic(f"{name}-in", 4)
-    # Create the SQLite storage before the daemon opens the same home (dagster-io/dagster#27390).
-    instance = dg.DagsterInstance.get()
-    log = (home / "daemon.log").open("w")
-    daemon = subprocess.Popen(
-        [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
-        cwd=PROJECT_ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        yield Env(home, name, instance, alerts, client_settings)
-    finally:
-        # Stopped first so that nothing is relaunched while the runs are cancelled.
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
-        for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
-            if not run.is_finished:
-                instance.run_coordinator.cancel_run(run.run_id)
-        log.close()
-        instance.dispose()
-        REGISTRY.pop(name, None)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with dagster_deployment(
+        home,
+        client_settings.namesrv_addr,
+        STREAM_ASSETS_SUPERVISOR_INTERVAL_S=str(TICK_S),
+        STREAM_ASSETS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S),
+        STREAM_ASSETS_ALERT_HOOKS="tests.integration._alert_hook:record",
+        STREAM_ASSETS_TEST_ALERT_FILE=alerts,
+    ) as deployment:
+        with RocketMQAdmin(client_settings) as admin:
+            admin.create_topic(f"{deployment.name}-in", 4)
+        yield Env(home, deployment.name, deployment.instance, alerts, client_settings)
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""A real Dagster deployment for tests and benchmarks: DAGSTER_HOME, a topology, a daemon.
+
+The project's instance config in a fresh DAGSTER_HOME, a WordCount registered
+under a fresh name (``STREAM_ASSETS_TOPOLOGIES`` points the code location at
+``tests.integration._dagster_topologies``), the engine settings as
+environment for the runs the daemon launches, and a running
+``dagster-daemon`` (supervisor and other sensors). Everything is undone on exit.
+
+Example::
+
+    >>> with dagster_deployment(tmp, namesrv, STREAM_ASSETS_HEARTBEAT_TIMEOUT_S="20") as d:
+    ...     d.instance.get_runs()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
+from stream_assets.settings import PROJECT_ROOT
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where the deployment lives, the registered topology's name, the Dagster instance."""
+
+    home: Path
+    name: str
+    instance: dg.DagsterInstance
+
+
+@contextlib.contextmanager
+def dagster_deployment(home: Path, namesrv: str, **env: str) -> Iterator[Deployment]:
+    """Set up ``home`` as DAGSTER_HOME and run a daemon over it; ``env`` adds or overrides
+    environment variables (engine and supervisor settings) for every process."""
+    shutil.copy(PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml", home / "dagster.yaml")
+    workspace = home / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
+        f"      working_directory: {PROJECT_ROOT}\n"
+    )
+    run_id = uuid.uuid4().hex[:8]
+    variables = {
+        "DAGSTER_HOME": str(home),
+        "STREAM_ASSETS_TOPOLOGIES": "tests.integration._dagster_topologies",
+        "STREAM_ASSETS_TEST_RUN_ID": run_id,
+        "STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR": namesrv,
+        "STREAM_ASSETS_ENGINE_STATE_DIR": str(home / "state"),
+        "STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES": "4",
+        "STREAM_ASSETS_ENGINE_SINK_QUEUES": "4",
+        "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "300",
+        "STREAM_ASSETS_ENGINE_SPARK_CONF": json.dumps({"spark.ui.showConsoleProgress": "false"}),
+        "PYSPARK_PYTHON": sys.executable,
+        **env,
+    }
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    # This process imported the registry before the env was set: register here too.
+    from tests.integration import _dagster_topologies as dt
+
+    name = f"it-dg-{run_id}"
+    dt.NAME = name
+    REGISTRY[name] = type(dt.REGISTRATIONS[0])(name, dt.build)
+    # Create the SQLite storage here, before the daemon opens the same home:
+    # two processes initialising it at once can both stamp the alembic version
+    # table, and every later open fails (dagster-io/dagster#27390).
+    instance = dg.DagsterInstance.get()
+    log = (home / "daemon.log").open("w")
+    daemon = subprocess.Popen(
+        [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
+        cwd=PROJECT_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        yield Deployment(home, name, instance)
+    finally:
+        # The daemon first, so that nothing is relaunched while the runs are cancelled.
+        os.killpg(daemon.pid, signal.SIGTERM)
+        try:
+            daemon.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+        for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
+            if not run.is_finished:
+                instance.run_coordinator.cancel_run(run.run_id)
+        log.close()
+        instance.dispose()
+        REGISTRY.pop(name, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
