@@ -15,12 +15,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
 from stream_assets.settings import PROJECT_ROOT
 
@@ -90,15 +93,27 @@ def dagster_deployment(home: Path, namesrv: str, **env: str) -> Iterator[Deploym
     try:
         yield Deployment(home, name, instance)
     finally:
-        # The daemon first, so that nothing is relaunched while the runs are cancelled.
+        # Supervision off first, so nothing is relaunched; then the runs are cancelled
+        # while the daemon's code server, which launched them, can still terminate
+        # them; then the daemon.
+        store = DesiredStateStore(instance)
+        state = store.get(name)
+        if state is not None:
+            store.set(name, dataclasses.replace(state, paused=True))
+        for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
+            if not run.is_finished:
+                instance.run_coordinator.cancel_run(run.run_id)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(
+            not r.is_finished
+            for r in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name}))
+        ):
+            time.sleep(0.5)
         os.killpg(daemon.pid, signal.SIGTERM)
         try:
             daemon.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
-        for run in instance.get_runs(filters=dg.RunsFilter(tags={TOPOLOGY_TAG: name})):
-            if not run.is_finished:
-                instance.run_coordinator.cancel_run(run.run_id)
         log.close()
         instance.dispose()
         REGISTRY.pop(name, None)
