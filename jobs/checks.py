@@ -283,25 +283,22 @@ class Outcome:
 
     def result(self) -> dg.AssetCheckResult:
         """As the result of an executed check (a run)."""
-        return dg.AssetCheckResult(
-            asset_key=self.asset_key,
-            check_name=self.check_name,
-            passed=self.passed,
-            severity=self.severity,
-            description=self.description,
-            metadata=self.metadata,
-        )
+        return dg.AssetCheckResult(**self._fields())
 
     def evaluation(self) -> dg.AssetCheckEvaluation:
         """As a reported evaluation (the sensor, without a run)."""
-        return dg.AssetCheckEvaluation(
-            asset_key=self.asset_key,
-            check_name=self.check_name,
-            passed=self.passed,
-            severity=self.severity,
-            description=self.description,
-            metadata=self.metadata,
-        )
+        return dg.AssetCheckEvaluation(**self._fields())
+
+    def _fields(self) -> dict[str, Any]:
+        # The same outcome, as a run's result or as a runless evaluation.
+        return {
+            "asset_key": self.asset_key,
+            "check_name": self.check_name,
+            "passed": self.passed,
+            "severity": self.severity,
+            "description": self.description,
+            "metadata": self.metadata,
+        }
 
 
 def _queues_json(values: Mapping[int, int]) -> dg.MetadataValue:

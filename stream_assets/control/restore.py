@@ -24,7 +24,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,17 @@ def stateful_stages(topology: Topology) -> dict[str, Stage]:
     return {s.input_topic: s for s in topology.stages if s.head is not None and s.state_topic}
 
 
+def _with_state(
+    topology: Topology, queues: Iterable[tuple[str, int]]
+) -> Iterator[tuple[str, int, Stage]]:
+    """The ``(topic, queue_id)`` pairs a stateful stage reads, with that stage."""
+    stages = stateful_stages(topology)
+    for topic, queue_id in queues:
+        stage = stages.get(topic)
+        if stage is not None:
+            yield topic, queue_id, stage
+
+
 def restore_queues(
     topology: Topology,
     queues: Iterable[tuple[str, int]],
@@ -92,12 +103,8 @@ def restore_queues(
         ...                reader, context.log.info)  # doctest: +SKIP
     """
     say = progress or (lambda _line: None)
-    stages = stateful_stages(topology)
     out: list[RestoredQueue] = []
-    for topic, queue_id in queues:
-        stage = stages.get(topic)
-        if stage is None:
-            continue
+    for topic, queue_id, stage in _with_state(topology, queues):
         assert stage.head is not None and stage.state_topic is not None
         state_topic = stage.state_topic
 
@@ -143,12 +150,8 @@ def warm_queues(
         ...             reader, print)  # doctest: +SKIP
     """
     say = progress or (lambda _line: None)
-    stages = stateful_stages(topology)
     out: list[RestoredQueue] = []
-    for topic, queue_id in queues:
-        stage = stages.get(topic)
-        if stage is None:
-            continue
+    for topic, queue_id, stage in _with_state(topology, queues):
         assert stage.head is not None and stage.state_topic is not None
         store = QueueStateStore(state_root, topology.job_id, stage.head.op_id, queue_id)
         try:
