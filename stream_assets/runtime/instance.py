@@ -38,6 +38,7 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
+from stream_assets.runtime.query_restart import RestartBudget, restartable
 from stream_assets.runtime.source import RocketMQDataSource
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
@@ -119,7 +120,9 @@ class Instance:
         self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        #: One query per stage, in ``topology.stages`` order (while running).
         self._queries: list[Any] = []
+        self._restarts = {s.index: RestartBudget() for s in topology.stages}
         self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
         self._spark: Any = None
         self._broker_name = ""
@@ -217,7 +220,7 @@ class Instance:
     def _start_queries(self) -> None:
         self._stopping.clear()
         for stage in self.topology.stages:
-            self._queries.append(self._start_stage(stage))
+            self._queries.append(self._start_stage_retrying(stage))
         self.progress(
             f"instance of {self.topology.job_id} (generation {self.generation}) running "
             f"{len(self._queries)} stage queries on {self.engine.spark_master}"
@@ -464,11 +467,48 @@ class Instance:
         return sum(k for k, _ in sizes), sum(b for _, b in sizes)
 
     def check_failed(self) -> None:
-        """Raise if a stage query died (with Spark's error)."""
-        for query in self._queries:
+        """Raise if a stage query died (with Spark's error).
+
+        A query that died only because Spark's Python worker did not start in
+        time (a busy machine) is started again instead, within a budget
+        (:mod:`~stream_assets.runtime.query_restart`).
+        """
+        if self._stopping.is_set():
+            return
+        for position, query in enumerate(self._queries):
             exc = query.exception()
-            if exc is not None and not self._stopping.is_set():
-                raise RuntimeError(f"stage query {query.name} failed: {exc}") from None
+            if exc is None:
+                continue
+            stage = self.topology.stages[position]
+            if restartable(exc) and self._restart_allowed(stage, exc):
+                query.stop()
+                self._queries[position] = self._start_stage_retrying(stage)
+                continue
+            raise RuntimeError(f"stage query {query.name} failed: {exc}") from None
+
+    def _start_stage_retrying(self, stage: Stage) -> Any:
+        """:meth:`_start_stage`, again while Spark's Python worker fails to start in time.
+
+        Starting a query runs the data source's planner in a new Python worker,
+        under the same 10 s connect-back limit as the query's own runner.
+        """
+        while True:
+            try:
+                return self._start_stage(stage)
+            except Exception as exc:  # Py4J and Spark errors have no common base here
+                if not (restartable(exc) and self._restart_allowed(stage, exc)):
+                    raise
+
+    def _restart_allowed(self, stage: Stage, exc: object) -> bool:
+        """Take one restart of ``stage``'s query from its budget, saying why."""
+        if not self._restarts[stage.index].allow(time.monotonic()):
+            return False
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        self.progress(
+            f"stage {stage.index}: Spark's Python worker did not start in time "
+            f"({first_line}); starting the query again"
+        )
+        return True
 
     def await_caught_up(self, timeout_s: float, poll_s: float = 0.5) -> dict[str, int]:
         """Wait until every stage has committed everything currently in its input."""

@@ -1,0 +1,83 @@
+"""A Python worker that starts too late for Spark costs a query restart, not the instance.
+
+Spark gives the streaming source's runner process 10 s to connect back; on a
+machine under heavy load the interpreter's imports alone can take longer, and
+the stage query died while INITIALIZING (seen in CI during a scale-out beside
+CPU hogs: the instance run failed and supervision had to relaunch it). Here
+the driver's Python is a wrapper that holds the first runner back for longer
+than that limit: the fault, injected, not a wait for anything. The instance
+starts the query again and the counts are exact.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.settings import RocketMQSettings
+from tests.integration._cluster import venv_python
+from tests.integration._driver_process import DriverProcess
+from tests.integration._engine_util import Message, final_counts, produce, read_topic, unique
+
+pytestmark = pytest.mark.integration
+
+#: Longer than Spark's hard-coded connect-back limit (10 s).
+HOLD_S = 13
+
+WRAPPER = """#!/bin/sh
+# The first streaming source runner of this driver connects back too late.
+case " $* " in
+  *python_streaming_source_runner*)
+    if mkdir "{mark}" 2>/dev/null; then sleep {hold}; fi ;;
+esac
+exec "{python}" "$@"
+"""
+
+
+def test_a_source_runner_that_connects_back_too_late_restarts_the_query(
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+) -> None:
+    job = unique("it-slow-worker")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 2)
+    mark = tmp_path / "held-once"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(WRAPPER.format(mark=mark, hold=HOLD_S, python=venv_python()))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    rnd = random.Random(5)
+    lines = [" ".join(rnd.choices([f"w{i}" for i in range(40)], k=6)) for _ in range(300)]
+    produce(
+        client_settings,
+        source,
+        [Message(line.encode(), key=str(i)) for i, line in enumerate(lines)],
+    )
+    spec = {
+        "topology": "stream_assets.examples.wordcount:build",
+        "topology_kwargs": {"job_id": job, "source": source, "sink": sink},
+        "rocketmq": json.loads(client_settings.revealed_json()),
+        "engine": {
+            "spark_master": "local[2]",
+            "spark_conf": {"spark.ui.showConsoleProgress": "false"},
+            "state_dir": str(tmp_path / "state"),
+            "shuffle_queues": 2,
+            "sink_queues": 2,
+            "trigger_interval_ms": 300,
+        },
+    }
+    with DriverProcess(spec, log_dir=tmp_path / "driver", python=str(wrapper)) as driver:
+        driver.wait_started(240)
+        driver.await_caught_up(240)
+        driver.stop(120)
+    assert mark.exists(), "the wrapper never held a source runner back"
+    log = driver.stderr_path.read_text()
+    assert "did not start in time" in log and "starting the query again" in log, log[-3000:]
+    expected = collections.Counter(w for line in lines for w in line.split())
+    assert final_counts(read_topic(admin, sink)) == dict(expected)

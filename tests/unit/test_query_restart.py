@@ -1,0 +1,113 @@
+"""A stage query that died starting its Python worker is started again; anything else ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stream_assets.examples import wordcount
+from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.query_restart import RestartBudget, restartable
+
+CONNECT_BACK = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat ..."
+
+
+class FakeQuery:
+    def __init__(self, name: str, exc: str | None = None) -> None:
+        self.name, self._exc, self.stopped = name, exc, False
+
+    def exception(self) -> str | None:
+        return self._exc
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _instance(queries: list[FakeQuery]) -> tuple[Instance, list[int], list[str]]:
+    said: list[str] = []
+    inst = Instance(wordcount.build(), progress=said.append)
+    started: list[int] = []
+
+    def start_stage(stage: Any) -> FakeQuery:
+        started.append(stage.index)
+        return FakeQuery(f"restarted-{stage.index}")
+
+    inst._start_stage = start_stage  # type: ignore[method-assign]
+    inst._queries = list(queries)
+    return inst, started, said
+
+
+def test_a_worker_that_did_not_connect_back_restarts_that_stage_only() -> None:
+    failed = FakeQuery("stage-1", CONNECT_BACK)
+    inst, started, said = _instance([FakeQuery("stage-0"), failed])
+    inst.check_failed()
+    assert failed.stopped
+    assert started == [1]
+    assert [q.name for q in inst._queries] == ["stage-0", "restarted-1"]
+    assert "starting the query again" in said[-1] and "connect back" in said[-1]
+
+
+def test_other_failures_end_the_instance() -> None:
+    inst, started, _ = _instance([FakeQuery("stage-0", "fenced: generation 4 took over")])
+    with pytest.raises(RuntimeError, match="stage-0 failed: fenced"):
+        inst.check_failed()
+    assert started == []
+
+
+def test_restarts_are_bounded_then_the_failure_surfaces() -> None:
+    inst, started, _ = _instance([FakeQuery("stage-0", CONNECT_BACK)])
+    budget = inst._restarts[0].max_restarts
+    for _ in range(budget):
+        inst._queries[0] = FakeQuery("stage-0", CONNECT_BACK)
+        inst.check_failed()
+    inst._queries[0] = FakeQuery("stage-0", CONNECT_BACK)
+    with pytest.raises(RuntimeError, match="connect back"):
+        inst.check_failed()
+    assert started == [0] * budget
+
+
+def test_nothing_is_restarted_while_stopping() -> None:
+    inst, started, _ = _instance([FakeQuery("stage-0", CONNECT_BACK)])
+    inst._stopping.set()
+    inst.check_failed()
+    assert started == []
+
+
+def test_a_start_that_fails_on_the_worker_is_tried_again() -> None:
+    inst, _, said = _instance([])
+    attempts: list[int] = []
+
+    def start_stage(stage: Any) -> FakeQuery:
+        attempts.append(stage.index)
+        if len(attempts) < 3:
+            raise RuntimeError(CONNECT_BACK)
+        return FakeQuery(f"started-{stage.index}")
+
+    inst._start_stage = start_stage  # type: ignore[method-assign]
+    query = inst._start_stage_retrying(inst.topology.stages[0])
+    assert query.name == "started-0" and attempts == [0, 0, 0]
+    assert len(said) == 2
+
+
+def test_a_start_that_fails_otherwise_is_not_retried() -> None:
+    inst, _, _ = _instance([])
+
+    def start_stage(stage: Any) -> FakeQuery:
+        raise ValueError("no such topic")
+
+    inst._start_stage = start_stage  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="no such topic"):
+        inst._start_stage_retrying(inst.topology.stages[0])
+
+
+def test_budget_window_forgets_old_restarts() -> None:
+    budget = RestartBudget(max_restarts=1, window_s=10.0)
+    assert budget.allow(0.0)
+    assert not budget.allow(5.0)
+    assert budget.allow(10.5)
+
+
+def test_restartable_matches_both_spark_messages() -> None:
+    assert restartable("Timed out while waiting for the Python worker to connect back")
+    assert not restartable(ValueError("cannot encode set"))
