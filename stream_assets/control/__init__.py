@@ -9,8 +9,8 @@
 - :mod:`~stream_assets.control.lineage`: topics and topologies as asset specs.
 - :mod:`~stream_assets.control.topics`: :func:`provision_topics`, a topology's
   topics on the broker, provisioned before a scale and before an instance starts.
-- :mod:`~stream_assets.control.restore`: :func:`restore_queues`, the state of
-  moved queues rebuilt before their new owner starts.
+- :mod:`~stream_assets.control.restore`: :func:`warm_queues`, the state of
+  queues an instance gains brought up to date before the handover.
 
 The package re-exports nothing: the engine imports ``topics`` and ``restore``
 and must not load Dagster, which ``desired_state``, ``lineage`` and

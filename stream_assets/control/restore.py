@@ -1,23 +1,23 @@
-"""Rebuilding the state of queues that change owner, before their new owner starts.
+"""Bringing the state of queues an instance is about to gain up to date (NewSplit).
 
-A stateful queue's new instance would rebuild its RocksDB on its first batch
+A stateful queue's new owner would rebuild its RocksDB on its first batch
 anyway (the runtime restores a store that is behind its state topic), but
-then inside a Spark task, with nothing to show for it. The scale job restores
-moved queues while supervision is paused instead, into the state root the
-instances use (``EngineSettings.resolved_state_dir()``), reporting progress:
-the new owner then finds its store current and starts at once.
+then inside a Spark task, while the queue has no owner. In a rebalance's
+warm phase each instance brings the stores of the queues it gains up to date
+first, while their old owner still runs (:meth:`Instance.warm_up
+<stream_assets.runtime.instance.Instance.warm_up>`), so the handover pause
+does not include the restore.
 
-Only stateful stages keep state: a moved queue of the source topic, or of a
+Only stateful stages keep state: a gained queue of the source topic, or of a
 shuffle topic feeding a stage without an aggregate, needs nothing and is
-skipped. Each restored store is wiped first, then rebuilt from the latest
-snapshot and changelog tail of the state-topic queue with the same id
-(:func:`~stream_assets.state.restore.restore_queue`).
+skipped. A store that is behind catches up from the changelog tail, or
+restores from the latest snapshot (:func:`~stream_assets.state.restore.ensure_current`).
 
 Example::
 
-    >>> done = restore_queues(topology, [("wordcount__shuffle__key_by-2", 3)], state_dir,
-    ...                       admin, reader, progress=print)  # doctest: +SKIP
-    restored wordcount__state__aggregate-3[3]: 1204 keys, seq 57, 58 messages in 0.41s
+    >>> done = warm_queues(topology, [("wordcount__shuffle__key_by-2", 3)], state_dir,
+    ...                    admin, reader, progress=print)  # doctest: +SKIP
+    warmed wordcount__state__aggregate-3[3]: 1204 keys, seq 57 in 0.41s
     >>> done[0].result.keys  # doctest: +SKIP
     1204
 """
@@ -33,16 +33,11 @@ from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.state.errors import StateLockedError
 from stream_assets.state.restore import (
-    RestoreProgress,
     RestoreResult,
     ensure_current,
-    restore_queue,
     state_queue,
 )
 from stream_assets.state.store import QueueStateStore
-
-#: A progress line is logged whenever this many state messages have been read.
-PROGRESS_EVERY_MESSAGES = 200
 
 
 @dataclass(frozen=True)
@@ -79,54 +74,6 @@ def _with_state(
             yield topic, queue_id, stage
 
 
-def restore_queues(
-    topology: Topology,
-    queues: Iterable[tuple[str, int]],
-    state_root: Path,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
-    progress: Callable[[str], None] | None = None,
-) -> list[RestoredQueue]:
-    """Rebuild the state of every ``(topic, queue_id)`` of ``topology`` that has state, in order.
-
-    ``topic`` is the allocated topic (a :class:`~stream_assets.control.allocation.Move`'s
-    ``topic``); pairs whose topic no stateful stage reads are skipped. Each
-    store under ``state_root`` is wiped and restored from its state topic;
-    ``progress`` hears how far each restore is (every
-    :data:`PROGRESS_EVERY_MESSAGES` messages) and what each one rebuilt.
-
-    Example::
-
-        >>> gained = [(m.topic, m.queue_id) for m in moves(old, new)
-        ...           if m.to_instance is not None]  # doctest: +SKIP
-        >>> restore_queues(topology, gained, engine.resolved_state_dir(), admin,
-        ...                reader, context.log.info)  # doctest: +SKIP
-    """
-    say = progress or (lambda _line: None)
-    out: list[RestoredQueue] = []
-    for topic, queue_id, stage in _with_state(topology, queues):
-        assert stage.head is not None and stage.state_topic is not None
-        state_topic = stage.state_topic
-
-        def report(p: RestoreProgress, state_topic: str = state_topic) -> None:
-            if p.messages_total and p.messages_read % PROGRESS_EVERY_MESSAGES == 0:
-                say(
-                    f"restoring {state_topic}[{p.queue_id}]: {p.messages_read}/"
-                    f"{p.messages_total} messages, {p.keys_loaded} keys"
-                )
-
-        with QueueStateStore(state_root, topology.job_id, stage.head.op_id, queue_id) as st:
-            st.wipe()
-            st.open()
-            result = restore_queue(st, state_topic, queue_id, admin, reader, report)
-        say(
-            f"restored {state_topic}[{queue_id}]: {result.keys} keys, seq {result.seq}, "
-            f"{result.messages_read} messages in {result.seconds:.2f}s"
-        )
-        out.append(RestoredQueue(topic, state_topic, queue_id, result))
-    return out
-
-
 def warm_queues(
     topology: Topology,
     queues: Iterable[tuple[str, int]],
@@ -137,12 +84,12 @@ def warm_queues(
 ) -> list[RestoredQueue]:
     """Bring the local stores of queues an instance is about to gain up to date (NewSplit).
 
-    Unlike :func:`restore_queues` nothing is wiped, and a store another
-    process holds open is left alone: on this machine that is the queue's
-    current owner, whose store is the state itself, so there is nothing to
-    warm. Stores that were behind catch up (or restore) now, while the
-    current owner still runs; its last batches before the handover are then
-    a short tail for the first batch of the new owner.
+    Nothing is wiped, and a store another process holds open is left alone:
+    on this machine that is the queue's current owner, whose store is the
+    state itself, so there is nothing to warm. Stores that were behind catch
+    up (or restore) now, while the current owner still runs; its last batches
+    before the handover are then a short tail for the first batch of the new
+    owner.
 
     Example::
 

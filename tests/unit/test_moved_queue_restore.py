@@ -1,4 +1,4 @@
-"""Restoring moved queues: which queues, into which store, and what is reported."""
+"""Warming gained queues: which queues, which stores, and what is reported."""
 
 from __future__ import annotations
 
@@ -8,67 +8,65 @@ from typing import Any, cast
 import pytest
 
 from stream_assets.control import restore as restore_module
-from stream_assets.control.restore import restore_queues, stateful_stages
+from stream_assets.control.restore import stateful_stages, warm_queues
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.state.restore import ProgressCallback, RestoreProgress, RestoreResult
+from stream_assets.state.restore import RestoreResult
 from stream_assets.state.store import QueueStateStore
 
 SHUFFLE = "wordcount__shuffle__key_by-2"
 STATE = "wordcount__state__aggregate-3"
 
 
-def test_only_stateful_queues_are_restored_each_into_a_wiped_store(
+def test_warm_up_catches_up_stateful_queues_and_leaves_held_ones_to_their_owner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topology = wordcount.build()
     op_id = stateful_stages(topology)[SHUFFLE].aggregate.op_id  # type: ignore[union-attr]
-    with QueueStateStore(tmp_path, topology.job_id, op_id, 3) as stale:
-        stale.commit({b"old": b"1"}, stale.next_meta())
-    calls: list[tuple[str, int, bool]] = []
+    with QueueStateStore(tmp_path, topology.job_id, op_id, 3) as behind:
+        behind.commit({b"old": b"1"}, behind.next_meta())
+    calls: list[tuple[str, int, bytes | None]] = []
 
-    def fake_restore(
-        store: QueueStateStore,
-        state_topic: str,
-        queue_id: int,
-        admin: Any,
-        reader: Any,
-        progress: ProgressCallback | None = None,
+    def fake_state_queue(admin: Any, state_topic: str, queue_id: int) -> tuple[str, int]:
+        return state_topic, queue_id
+
+    def fake_ensure_current(
+        store: QueueStateStore, log: tuple[str, int], admin: Any, reader: Any
     ) -> RestoreResult:
-        calls.append((state_topic, queue_id, store.is_empty()))
-        assert progress is not None
-        for read in (100, 200, 250):
-            progress(RestoreProgress(queue_id, read, 250, 0, read // 10))
+        # Nothing is wiped: the store keeps what it had and catches up from there.
+        calls.append((*log, store.get(b"old")))
         return RestoreResult(
-            queue_id=queue_id,
+            queue_id=log[1],
             keys=25,
             seq=7,
-            messages_read=250,
-            bytes_read=1000,
+            messages_read=3,
+            bytes_read=100,
             seconds=0.5,
-            start_offset=0,
-            end_offset=250,
+            start_offset=4,
+            end_offset=7,
             snapshot_offset=None,
         )
 
-    monkeypatch.setattr(restore_module, "restore_queue", fake_restore)
+    monkeypatch.setattr(restore_module, "state_queue", fake_state_queue)
+    monkeypatch.setattr(restore_module, "ensure_current", fake_ensure_current)
     lines: list[str] = []
-    done = restore_queues(
-        topology,
-        [("sourceTopic", 1), (SHUFFLE, 3), (SHUFFLE, 0)],
-        tmp_path,
-        cast(RocketMQAdmin, None),
-        cast(QueueReader, None),
-        lines.append,
-    )
-    # The source topic has no state; both shuffle queues are restored, in order, from empty.
-    assert calls == [(STATE, 3, True), (STATE, 0, True)]
+    # Queue 0's store is open here, as its current owner on this machine holds it.
+    with QueueStateStore(tmp_path, topology.job_id, op_id, 0):
+        done = warm_queues(
+            topology,
+            [("sourceTopic", 1), (SHUFFLE, 3), (SHUFFLE, 0)],
+            tmp_path,
+            cast(RocketMQAdmin, None),
+            cast(QueueReader, None),
+            lines.append,
+        )
+    # The source topic has no state; queue 3 catches up; queue 0 is its owner's.
+    assert calls == [(STATE, 3, b"1")]
     assert [(r.topic, r.state_topic, r.queue_id, r.result.keys) for r in done] == [
-        (SHUFFLE, STATE, 3, 25),
-        (SHUFFLE, STATE, 0, 25),
+        (SHUFFLE, STATE, 3, 25)
     ]
-    assert lines[:2] == [
-        f"restoring {STATE}[3]: 200/250 messages, 20 keys",
-        f"restored {STATE}[3]: 25 keys, seq 7, 250 messages in 0.50s",
+    assert lines == [
+        f"warmed {STATE}[3]: 25 keys, seq 7 in 0.50s",
+        f"{STATE}[0]: held by its current owner here; nothing to warm",
     ]
