@@ -49,8 +49,6 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 import dagster as dg
-from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resources.rocketmq import RocketMQResource
 from stream_assets.control.desired_state import DesiredStateStore
@@ -60,6 +58,7 @@ from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.reader import PullStatus, QueueReader
+from stream_assets.settings import CheckSettings
 
 LAG = "lag_within_bound"
 DEAD_LETTERS = "no_new_dead_letters"
@@ -67,53 +66,6 @@ FRESH = "output_fresh"
 
 #: Metadata key under which a dead-letter check keeps the end offsets it saw.
 DEAD_LETTER_ENDS = "dead_letter_end_offsets"
-
-
-class CheckBounds(BaseModel):
-    """A topology's own bounds; a field left None takes the global setting."""
-
-    max_lag: int | None = Field(default=None, ge=0)
-    fresh_within_s: float | None = Field(default=None, gt=0)
-
-
-class CheckSettings(BaseSettings):
-    """Bounds and cadence of the topology checks (env prefix ``STREAM_ASSETS_CHECK_``).
-
-    Example::
-
-        >>> s = CheckSettings(max_lag=5000, overrides={"clicks": {"fresh_within_s": 7200}})
-        >>> s.bounds("clicks"), s.bounds("wordcount")
-        ((5000, 7200.0), (5000, 900.0))
-    """
-
-    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_CHECK_", extra="ignore")
-
-    max_lag: int = Field(
-        default=10_000,
-        ge=0,
-        description="Most uncommitted messages a source topic may hold for a topology's group.",
-    )
-    fresh_within_s: float = Field(
-        default=900.0,
-        gt=0,
-        description="A sink is stale when it got nothing for this long while input waited as long.",
-    )
-    interval_s: int = Field(
-        default=60, ge=1, description="Seconds between two evaluations by the checks sensor."
-    )
-    overrides: dict[str, CheckBounds] = Field(
-        default_factory=dict,
-        description="Per topology (job id), as JSON: "
-        '{"wordcount": {"max_lag": 500, "fresh_within_s": 3600}}.',
-    )
-
-    def bounds(self, job_id: str) -> tuple[int, float]:
-        """``(max_lag, fresh_within_s)`` of ``job_id``."""
-        own = self.overrides.get(job_id, CheckBounds())
-        return (
-            self.max_lag if own.max_lag is None else own.max_lag,
-            self.fresh_within_s if own.fresh_within_s is None else own.fresh_within_s,
-        )
 
 
 def check_name(job_id: str, kind: str) -> str:

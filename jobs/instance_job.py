@@ -34,7 +34,6 @@ from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.desired_state import DesiredStateStore, record_heartbeat
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.metrics import (
-    MetricsSettings,
     RateMeters,
     instance_metadata,
     instance_numbers,
@@ -49,6 +48,7 @@ from stream_assets.control.registry import (
 )
 from stream_assets.runtime.instance import Instance
 from stream_assets.runtime.outage import TRANSIENT
+from stream_assets.settings import MetricsSettings
 
 INSTANCE_JOB = "instance_job"
 

@@ -47,7 +47,6 @@ from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
     InstanceReport,
-    MetricsSettings,
     aggregate,
     parse_instance_metadata,
     scoped,
@@ -57,6 +56,7 @@ from stream_assets.control.metrics import (
 )
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
 from stream_assets.plan.topology import Topology
+from stream_assets.settings import MetricsSettings
 
 #: Runs whose observations count: any that has not finished (a CANCELING one
 #: still finishes its batch).

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: The repository checkout this package runs from (the package is installed
@@ -294,3 +294,76 @@ class SupervisorSettings(BaseSettings):
                         "and a callable in it); separate several with ','"
                     )
         return value
+
+
+class MetricsSettings(BaseSettings):
+    """How metrics are sampled and summed (env prefix ``STREAM_ASSETS_METRICS_``).
+
+    Example::
+
+        >>> MetricsSettings(rate_window_s=60).rate_window_s
+        60.0
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_METRICS_", extra="ignore")
+
+    interval_s: int = Field(
+        default=10, ge=1, description="Seconds between two ticks of the metrics sensor."
+    )
+    rate_window_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A rate spans at least this much wall time between two counter samples.",
+    )
+    stale_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="An instance observation older than this is left out of the totals.",
+    )
+
+
+class CheckBounds(BaseModel):
+    """A topology's own bounds; a field left None takes the global setting."""
+
+    max_lag: int | None = Field(default=None, ge=0)
+    fresh_within_s: float | None = Field(default=None, gt=0)
+
+
+class CheckSettings(BaseSettings):
+    """Bounds and cadence of the topology checks (env prefix ``STREAM_ASSETS_CHECK_``).
+
+    Example::
+
+        >>> s = CheckSettings(max_lag=5000, overrides={"clicks": {"fresh_within_s": 7200}})
+        >>> s.bounds("clicks"), s.bounds("wordcount")
+        ((5000, 7200.0), (5000, 900.0))
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_CHECK_", extra="ignore")
+
+    max_lag: int = Field(
+        default=10_000,
+        ge=0,
+        description="Most uncommitted messages a source topic may hold for a topology's group.",
+    )
+    fresh_within_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A sink is stale when it got nothing for this long while input waited as long.",
+    )
+    interval_s: int = Field(
+        default=60, ge=1, description="Seconds between two evaluations by the checks sensor."
+    )
+    overrides: dict[str, CheckBounds] = Field(
+        default_factory=dict,
+        description="Per topology (job id), as JSON: "
+        '{"wordcount": {"max_lag": 500, "fresh_within_s": 3600}}.',
+    )
+
+    def bounds(self, job_id: str) -> tuple[int, float]:
+        """``(max_lag, fresh_within_s)`` of ``job_id``."""
+        own = self.overrides.get(job_id, CheckBounds())
+        return (
+            self.max_lag if own.max_lag is None else own.max_lag,
+            self.fresh_within_s if own.fresh_within_s is None else own.fresh_within_s,
+        )

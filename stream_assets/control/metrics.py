@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream_assets.plan.topology import Topology
 
@@ -46,32 +44,6 @@ from stream_assets.plan.topology import Topology
 INSTANCE_KEY = "instance"
 #: Metadata key of the allocation generation an instance serves (int).
 GENERATION_KEY = "generation"
-
-
-class MetricsSettings(BaseSettings):
-    """How metrics are sampled and summed (env prefix ``STREAM_ASSETS_METRICS_``).
-
-    Example::
-
-        >>> MetricsSettings(rate_window_s=60).rate_window_s
-        60.0
-    """
-
-    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_METRICS_", extra="ignore")
-
-    interval_s: int = Field(
-        default=10, ge=1, description="Seconds between two ticks of the metrics sensor."
-    )
-    rate_window_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="A rate spans at least this much wall time between two counter samples.",
-    )
-    stale_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="An instance observation older than this is left out of the totals.",
-    )
 
 
 # -- rates ---------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Helpers for the engine end-to-end tests: produce fast, read sinks, poll with a deadline.
 
+Also :func:`totals_topology`, the plain keyed sum several test modules run.
+
 No test logic and no reference answers live here: the tests compute those
 themselves from the input they generate.
 """
@@ -14,10 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
+from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from tests.integration._util import wait_for
 
@@ -209,3 +214,16 @@ def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, A
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:
     """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout_s``."""
     return wait_for(condition, timeout_s, what, interval_s=poll_s)
+
+
+def totals_topology(job: str, source: str, sink: str) -> Topology:
+    """JSON records ``{"word": ..., "n": ...}`` summed per word into ``total``, unwindowed."""
+    builder = StreamBuilder(job)
+    (
+        builder.source(source, json_deserializer)
+        .key_by("word")
+        .sum("n", "total")
+        .to_rstream()
+        .sink(sink)
+    )
+    return builder.build()

@@ -22,7 +22,6 @@ from jobs.checks import (
     DEAD_LETTERS,
     FRESH,
     LAG,
-    CheckSettings,
     build_checks_sensor,
     topology_checks,
 )
@@ -31,29 +30,14 @@ from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import lineage_asset_specs
 from stream_assets.control.metrics import instance_numbers
 from stream_assets.control.registry import TopologyRegistration
-from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.serde import json_deserializer
-from stream_assets.settings import RocketMQSettings
-from tests.integration._engine_util import Message, produce
+from stream_assets.settings import CheckSettings, RocketMQSettings
+from tests.integration._engine_util import Message, produce, totals_topology
 from tests.integration.conftest import EngineHarness
 
 pytestmark = pytest.mark.integration
 
 MAX_LAG = 50
-
-
-def _totals(job: str, source: str, sink: str) -> Topology:
-    builder = StreamBuilder(job)
-    (
-        builder.source(source, json_deserializer)
-        .key_by("word")
-        .sum("n", "total")
-        .to_rstream()
-        .sink(sink)
-    )
-    return builder.build()
 
 
 def _passed(evaluations: list[dg.AssetCheckEvaluation]) -> dict[str, bool]:
@@ -69,7 +53,7 @@ def test_lag_and_dead_letter_checks_fail_then_pass(
     job = f"ck_{uuid.uuid4().hex[:10]}"
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 2)
-    registration = TopologyRegistration(job, lambda: _totals(job, source, sink))
+    registration = TopologyRegistration(job, lambda: totals_topology(job, source, sink))
     topology = registration.topology()
     settings = CheckSettings(max_lag=MAX_LAG, fresh_within_s=600)
     checks = topology_checks(topology, settings)

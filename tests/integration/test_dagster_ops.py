@@ -23,9 +23,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from jobs.supervisor import instance_runs
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
 from stream_assets.control.lineage import topic_asset_key
-from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
+from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
@@ -91,16 +92,6 @@ def _send(settings: RocketMQSettings, topic: str, lines: list[str], tag: str) ->
         for i in range(0, len(lines), 10)
     ]
     produce(settings, topic, messages, threads=2)
-
-
-def _instance_runs(instance: dg.DagsterInstance, name: str, status: Any) -> list[dg.DagsterRun]:
-    return list(
-        instance.get_runs(
-            filters=dg.RunsFilter(
-                job_name="instance_job", tags={TOPOLOGY_TAG: name}, statuses=[status]
-            )
-        )
-    )
 
 
 def _drained(admin: RocketMQAdmin, group: str, topics: list[str]) -> bool:
@@ -191,16 +182,6 @@ def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str
     return out
 
 
-def _live_runs(instance: dg.DagsterInstance, name: str) -> list[dg.DagsterRun]:
-    return [
-        r
-        for r in instance.get_runs(
-            filters=dg.RunsFilter(job_name="instance_job", tags={TOPOLOGY_TAG: name})
-        )
-        if not r.is_finished
-    ]
-
-
 # Four scales, each launching Spark JVMs beside the hog, then a kill -9 and its
 # replacement: on 2 busy cores this can outlast the suite's 15-minute default.
 @pytest.mark.timeout(1500)
@@ -225,14 +206,14 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
     pauses: dict[str, float] = {}
     with cpu_hog(2), PacedInput(client_settings, source) as paced:
         for target in (3, 2, 4):
-            before = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in _live_runs(instance, name)}
+            before = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
             result = _scale(instance, target, name)
             assert result.success, [e.message for e in result.all_events if e.is_failure]
             md = _metadata(result)
             assert md["instances_after"] == target
             pauses[f"{len(before)}->{target}"] = md["pause_s"]
             assert 0 < md["pause_s"] <= PAUSE_UNDER_LOAD_S, md
-            after = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in _live_runs(instance, name)}
+            after = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
             assert len(after) == target
             # In place: every instance that stays keeps its run (process, SparkSession).
             for index in range(min(len(before), target)):
@@ -242,7 +223,7 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
         # kill -9 an instance with input waiting: the supervisor relaunches exactly one
         # run for its index, and the topology catches up.
         wait_until(lambda: _drained(admin, name, [source, shuffle]), 300, "caught up", poll_s=1.0)
-        victim = _live_runs(instance, name)[0]
+        victim = instance_runs(instance, name)[0]
         pid = heartbeats(instance, [victim.run_id])[victim.run_id].pid
         burst = _lines(7, 1000)
         killed_at = time.monotonic()
@@ -254,7 +235,7 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
     index = victim.tags[INSTANCE_INDEX_TAG]
     replacements = [
         r
-        for r in _live_runs(instance, name)
+        for r in instance_runs(instance, name)
         if r.tags[INSTANCE_INDEX_TAG] == index and r.run_id != victim.run_id
     ]
     assert len(replacements) == 1, replacements

@@ -36,6 +36,7 @@ from tests.integration._engine_util import (
     produce,
     produce_per_queue,
     read_topic,
+    totals_topology,
     unique,
     wait_until,
 )
@@ -131,18 +132,6 @@ def _windows(admin: RocketMQAdmin, sink: str) -> dict[tuple[str, int], int]:
     return out
 
 
-def _totals_topology(job: str, source: str, sink: str) -> Any:
-    builder = StreamBuilder(job)
-    (
-        builder.source(source, json_deserializer)
-        .key_by("word")
-        .sum("n", "total")
-        .to_rstream()
-        .sink(sink)
-    )
-    return builder.build()
-
-
 def test_an_integer_beyond_64_bits_is_one_dead_letter_and_a_restart_is_clean(
     engine: EngineHarness,
     admin: RocketMQAdmin,
@@ -159,7 +148,7 @@ def test_an_integer_beyond_64_bits_is_one_dead_letter_and_a_restart_is_clean(
     bodies = [json.dumps(e).encode() for e in first]
     bodies.insert(777, json.dumps(poison).encode())
     produce(client_settings, source, [Message(b, queue_id=i % 2) for i, b in enumerate(bodies)])
-    topology = _totals_topology(job, source, sink)
+    topology = totals_topology(job, source, sink)
     inst = engine.start(engine.instance(topology, tmp_path / "state"))
     inst.await_caught_up(180)
     engine.stop(inst)

@@ -28,7 +28,7 @@ import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from jobs.supervisor import failure_message
+from jobs.supervisor import failure_message, instance_runs
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.liveness import process_alive
@@ -43,13 +43,6 @@ pytestmark = pytest.mark.integration
 
 TICK_S = 2  # the sensors' interval here
 HEARTBEAT_TIMEOUT_S = 20
-UNFINISHED = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
 
 
 @dataclass
@@ -138,13 +131,7 @@ def _runs(
 
 
 def _unfinished(env: Env) -> list[dg.DagsterRun]:
-    return list(
-        env.instance.get_runs(
-            filters=dg.RunsFilter(
-                job_name="instance_job", tags={TOPOLOGY_TAG: env.name}, statuses=UNFINISHED
-            )
-        )
-    )
+    return instance_runs(env.instance, env.name)
 
 
 def _status(env: Env, run_id: str) -> dg.DagsterRunStatus | None:

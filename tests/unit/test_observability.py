@@ -19,7 +19,6 @@ from jobs.checks import (
     DEAD_LETTERS,
     FRESH,
     LAG,
-    CheckSettings,
     check_name,
     evaluate_topology,
     freshness_outcome,
@@ -53,6 +52,7 @@ from stream_assets.examples import wordcount
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime.instance import StageMetrics
 from stream_assets.serde import text_deserializer
+from stream_assets.settings import CheckSettings
 
 # -- rates -----------------------------------------------------------------------------
 
