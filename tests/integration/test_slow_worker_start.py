@@ -4,9 +4,9 @@ Spark gives the streaming source's runner process 10 s to connect back; on a
 machine under heavy load the interpreter's imports alone can take longer, and
 the stage query died while INITIALIZING (seen in CI during a scale-out beside
 CPU hogs: the instance run failed and supervision had to relaunch it). Here
-the driver's Python is a wrapper that holds the first runner back for longer
-than that limit: the fault, injected, not a wait for anything. The instance
-starts the query again and the counts are exact.
+the driver's Python holds the first runner back for longer than that limit
+(:mod:`tests.integration._faults`). The instance starts the query again and
+the counts are exact. ``test_cluster.py`` does the same on the 2-worker cluster.
 """
 
 from __future__ import annotations
@@ -14,30 +14,17 @@ from __future__ import annotations
 import collections
 import json
 import random
-import stat
 from pathlib import Path
 
 import pytest
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import RocketMQSettings
-from tests.integration._cluster import venv_python
 from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, unique
+from tests.integration._faults import RESTART_LINE, late_source_runner_python
 
 pytestmark = pytest.mark.integration
-
-#: Longer than Spark's hard-coded connect-back limit (10 s).
-HOLD_S = 13
-
-WRAPPER = """#!/bin/sh
-# The first streaming source runner of this driver connects back too late.
-case " $* " in
-  *python_streaming_source_runner*)
-    if mkdir "{mark}" 2>/dev/null; then sleep {hold}; fi ;;
-esac
-exec "{python}" "$@"
-"""
 
 
 def test_a_source_runner_that_connects_back_too_late_restarts_the_query(
@@ -48,10 +35,7 @@ def test_a_source_runner_that_connects_back_too_late_restarts_the_query(
     job = unique("it-slow-worker")
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 2)
-    mark = tmp_path / "held-once"
-    wrapper = tmp_path / "python"
-    wrapper.write_text(WRAPPER.format(mark=mark, hold=HOLD_S, python=venv_python()))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    wrapper, mark = late_source_runner_python(tmp_path / "fault")
     rnd = random.Random(5)
     lines = [" ".join(rnd.choices([f"w{i}" for i in range(40)], k=6)) for _ in range(300)]
     produce(
@@ -78,6 +62,6 @@ def test_a_source_runner_that_connects_back_too_late_restarts_the_query(
         driver.stop(120)
     assert mark.exists(), "the wrapper never held a source runner back"
     log = driver.stderr_path.read_text()
-    assert "did not start in time" in log and "starting the query again" in log, log[-3000:]
+    assert RESTART_LINE in log, log[-3000:]
     expected = collections.Counter(w for line in lines for w in line.split())
     assert final_counts(read_topic(admin, sink)) == dict(expected)
