@@ -109,6 +109,7 @@ def run_instance(
     topology = reg.topology()
     assignment: dict[str, list[int]] | None = json.loads(config.assignment_json)
     engine = spark.engine_settings(state_dir=state_store.root())
+    heart = Heart(context, config)
     inst = Instance(
         topology,
         rocketmq=rocketmq.settings(),
@@ -116,6 +117,7 @@ def run_instance(
         assignment=assignment,
         generation=config.generation,
         progress=context.log.info,
+        keepalive=heart.beat,
     )
     owned = (
         "every queue"
@@ -148,8 +150,9 @@ def run_instance(
         assignment,
         context.log.info,
     )
+    heart.follower = follower
     _take_over_stop_signals(stop)
-    reason = _supervise(context, config, inst, follower, stop)
+    reason = _supervise(context, config, inst, heart, stop)
     context.log.info(f"stopping ({reason}): finishing the batch in flight")
     inst.stop()
     inst.close()
@@ -173,19 +176,66 @@ def _take_over_stop_signals(stop: threading.Event) -> None:
 REBALANCE_POLL_S = 0.2
 
 
+class Heart:
+    """This run's heartbeat: its sign of life to the supervisor, and its rebalance answers.
+
+    Beaten by the supervise loop, and before every attempt to start a stage
+    query (``Instance.keepalive``): a start blocks the loop, and under load a
+    few attempts in a row can each take Spark's whole 10 s connect-back limit.
+    A run that is really stuck still goes silent and is judged hung.
+    """
+
+    def __init__(self, context: dg.OpExecutionContext, config: InstanceConfig) -> None:
+        self._context = context
+        self._config = config
+        #: Set once the run follows rebalances; until then no heartbeat says "starting".
+        self.follower: RebalanceFollower | None = None
+        #: Lag by topic and queue, as of the last refresh (None: unknown).
+        self.lag: dict[str, dict[int, int]] | None = None
+        self.sent_at = 0.0
+        self._sent: Progress | None = None
+
+    def due(self, now: float) -> bool:
+        """Whether the interval is up, or there is rebalance progress to answer."""
+        follower = self.follower
+        progressed = follower is not None and self._sent != follower.progress
+        return now - self.sent_at >= self._config.heartbeat_interval_s or progressed
+
+    def beat(self) -> None:
+        """Record a heartbeat with the rebalance progress and the last known lag."""
+        follower = self.follower
+        if follower is None:
+            return
+        p = follower.progress
+        record_heartbeat(
+            self._context.instance,
+            self._config.topology,
+            follower.generation,
+            self._config.instance_index,
+            self._context.run_id,
+            lag={t: sum(q.values()) for t, q in (self.lag or {}).items()},
+            warmed=p.warmed,
+            released=p.released,
+            released_at=p.released_at,
+            running=p.running,
+            running_at=p.running_at,
+        )
+        self._sent = dataclasses.replace(p)
+        self.sent_at = time.monotonic()
+
+
 def _supervise(
     context: dg.OpExecutionContext,
     config: InstanceConfig,
     inst: Instance,
-    follower: RebalanceFollower,
+    heart: Heart,
     stop: threading.Event,
 ) -> str:
     """Heartbeat, report and follow rebalances until a reason to stop; return that reason."""
+    assert heart.follower is not None
+    follower = heart.follower
     desired = DesiredStateStore(context.instance)
     last_metrics = 0.0
-    last_beat = 0.0
-    beaten: Progress | None = None
-    lag: dict[str, dict[int, int]] | None = None
     while True:
         if stop.is_set():
             return "cancelled"
@@ -198,33 +248,17 @@ def _supervise(
         if reason is not None:
             return reason
         now = time.monotonic()
-        progressed = beaten != follower.progress
-        if now - last_beat >= config.heartbeat_interval_s or progressed:
-            if now - last_beat >= config.heartbeat_interval_s:
+        if heart.due(now):
+            if now - heart.sent_at >= config.heartbeat_interval_s:
                 try:
-                    lag = inst.lag_by_queue()
+                    heart.lag = inst.lag_by_queue()
                 except TRANSIENT as exc:
                     # Keep beating: the stage queries ride out the outage on their own.
                     context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
-                    lag = None
-            p = follower.progress
-            record_heartbeat(
-                context.instance,
-                config.topology,
-                follower.generation,
-                config.instance_index,
-                context.run_id,
-                lag={t: sum(q.values()) for t, q in (lag or {}).items()},
-                warmed=p.warmed,
-                released=p.released,
-                released_at=p.released_at,
-                running=p.running,
-                running_at=p.running_at,
-            )
-            beaten = dataclasses.replace(p)
-            last_beat = now
-        if lag is not None and now - last_metrics >= config.metrics_interval_s:
-            _observe(context, config, inst, lag)
+                    heart.lag = None
+            heart.beat()
+        if heart.lag is not None and now - last_metrics >= config.metrics_interval_s:
+            _observe(context, config, inst, heart.lag)
             last_metrics = now
         rebalancing = state is not None and state.phase != "run"
         stop.wait(REBALANCE_POLL_S if rebalancing else config.heartbeat_interval_s / 4)

@@ -227,24 +227,22 @@ def _await(
         if set(done) >= wanted:
             return done
         if time.monotonic() > deadline:
-            missing = []
-            for i in sorted(wanted - set(done)):
-                run = runs.get(i)
-                if run is None:
-                    missing.append(f"instance {i}: {_no_live_run(context, config, i)}")
-                    continue
-                beat = beats.get(run.run_id)
-                seen = f"last heartbeat {beat.age():.0f}s ago" if beat else "no heartbeat yet"
-                missing.append(f"instance {i}: run {run.run_id} {run.status.value}, {seen}")
+            missing = "; ".join(_about(context, config, i) for i in sorted(wanted - set(done)))
             raise failure(
                 f"{config.topology}: generation {generation} phase {phase!r} not reached in "
-                f"{config.start_timeout_s:.0f}s: " + "; ".join(missing)
+                f"{config.start_timeout_s:.0f}s: {missing}"
             )
         time.sleep(0.1)
 
 
-def _no_live_run(context: dg.OpExecutionContext, config: ScaleConfig, index: int) -> str:
-    """Why instance ``index`` has no live run: its last run's failure, or no run at all."""
+def _about(context: dg.OpExecutionContext, config: ScaleConfig, index: int) -> str:
+    """What is known of instance ``index``: its live run and heartbeat, and its failed runs.
+
+    A failure of the scale names this for every instance it waited on in
+    vain: the real cause is there (a crash loop, a run that never started).
+    """
+    runs = instance_runs(context.instance, config.topology)
+    live = next((r for r in runs if run_index(r) == index), None)
     ended = [
         r
         for r in instance_runs(
@@ -254,11 +252,25 @@ def _no_live_run(context: dg.OpExecutionContext, config: ScaleConfig, index: int
         )
         if run_index(r) == index
     ]
-    if not ended:
-        return "no run yet (the supervisor sensor launches it: is the dagster daemon running?)"
-    last = ended[0]  # newest first
-    cause = failure_message(context.instance, last.run_id) or last.status.value
-    return f"no live run; the last one ({last.run_id}) ended {last.status.value}: {cause}"
+    if live is not None:
+        beat = heartbeats(context.instance, [live.run_id]).get(live.run_id)
+        seen = f"last heartbeat {beat.age():.0f}s ago" if beat else "no heartbeat yet"
+        about = f"instance {index}: run {live.run_id} {live.status.value}, {seen}"
+    elif ended:
+        about = f"instance {index}: no live run"
+    else:
+        return (
+            f"instance {index}: no run yet (the supervisor sensor launches it: is the dagster "
+            "daemon running?)"
+        )
+    if ended:
+        last = ended[0]  # newest first
+        cause = failure_message(context.instance, last.run_id) or last.status.value
+        about += (
+            f"; {len(ended)} earlier run(s) ended, the last ({last.run_id}) "
+            f"{last.status.value}: {cause}"
+        )
+    return about
 
 
 def _await_gone(
@@ -300,7 +312,7 @@ def _verify(
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
         raise failure(f"allocation leaves queues unowned: {sorted(expected - owned)}")
-    _await_advancing(context, topology, sorted(expected), deadline, admin, broker_name)
+    _await_advancing(context, config, topology, new, deadline, admin, broker_name)
     context.log.info(
         f"{config.topology}: all {new.instances} instances of generation {new.generation} "
         "are running, own every queue, and every queue is advancing or drained"
@@ -309,14 +321,15 @@ def _verify(
 
 def _await_advancing(
     context: dg.OpExecutionContext,
+    config: ScaleConfig,
     topology: Topology,
-    queues: list[tuple[str, int]],
+    new: Allocation,
     deadline: float,
     admin: RocketMQAdmin,
     broker_name: str,
 ) -> None:
     """Every queue's committed offset moves past where it was, or reaches the end."""
-    mqs = [MessageQueue(t, broker_name, q) for t, q in queues]
+    mqs = [MessageQueue(t, broker_name, q) for t, qs in new.queues_by_topic().items() for q in qs]
 
     def committed(mq: MessageQueue) -> int:
         return admin.query_consumer_offset(topology.job_id, mq) or 0
@@ -331,7 +344,15 @@ def _await_advancing(
         if not pending:
             return
         if time.monotonic() > deadline:
-            stuck = sorted(f"{mq.topic}[{mq.queue_id}]" for mq in pending)
+            owners: dict[int, list[str]] = {}
+            for mq in sorted(pending, key=lambda m: (m.topic, m.queue_id)):
+                owner = new.owner(mq.topic, mq.queue_id)
+                owners.setdefault(-1 if owner is None else owner, []).append(
+                    f"{mq.topic}[{mq.queue_id}]"
+                )
+            stuck = "; ".join(
+                f"{queues} ({_about(context, config, i)})" for i, queues in sorted(owners.items())
+            )
             raise failure(f"queues not advancing after the scale: {stuck}")
         time.sleep(1.0)
 

@@ -109,6 +109,7 @@ class Instance:
         assignment: dict[str, list[int]] | None = None,
         generation: int = 0,
         progress: Progress = _print,
+        keepalive: Callable[[], None] = lambda: None,
     ) -> None:
         self.topology = topology
         self.group = group or topology.job_id
@@ -117,6 +118,10 @@ class Instance:
         self.assignment = assignment
         self.generation = generation
         self.progress = progress
+        #: Called before every attempt to start a stage query. A start blocks its
+        #: caller (an instance run's loop, which heartbeats), and under load each
+        #: attempt can take Spark's whole 10 s worker connect-back limit.
+        self.keepalive = keepalive
         self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -493,6 +498,7 @@ class Instance:
         under the same 10 s connect-back limit as the query's own runner.
         """
         while True:
+            self.keepalive()
             try:
                 return self._start_stage(stage)
             except Exception as exc:  # Py4J and Spark errors have no common base here

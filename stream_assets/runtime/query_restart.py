@@ -40,12 +40,16 @@ def restartable(exc: BaseException | object) -> bool:
 class RestartBudget:
     """At most ``max_restarts`` restarts in any ``window_s`` seconds.
 
-    A worker that cannot start even after a few tries means the machine cannot
-    host the instance: the failure then surfaces (and supervision backs off)
-    instead of the query restarting forever.
+    A worker that cannot start for most of ten minutes (each failed attempt
+    takes Spark's 10 s limit, so 30 of them fill half the window) means the
+    machine cannot host the instance: the failure then surfaces (and
+    supervision backs off) instead of the query restarting forever. Until
+    then restarting in place is far cheaper than a relaunch, which needs a new
+    JVM and SparkSession on the same busy machine (at a load average of 20
+    on 2 cores, two or more failed attempts in a row are common).
     """
 
-    def __init__(self, max_restarts: int = 5, window_s: float = 600.0) -> None:
+    def __init__(self, max_restarts: int = 30, window_s: float = 600.0) -> None:
         self.max_restarts = max_restarts
         self.window_s = window_s
         self._times: deque[float] = deque()

@@ -94,6 +94,23 @@ def _send(settings: RocketMQSettings, topic: str, lines: list[str], tag: str) ->
     produce(settings, topic, messages, threads=2)
 
 
+def _why_failed(result: dg.ExecuteInProcessResult, instance: dg.DagsterInstance, name: str) -> str:
+    """The scale's failure, then the last lines of every instance run of ``name``.
+
+    What an instance did is in its own run's logs, which a failing test run
+    would otherwise lose with its temporary DAGSTER_HOME.
+    """
+    lines = [e.message or "" for e in result.all_events if e.is_failure]
+    for run in reversed(instance_runs(instance, name, list(dg.DagsterRunStatus))[:20]):
+        lines.append(f"--- instance run {run.run_id} ({run.status.value}), last lines:")
+        logs = instance.all_logs(run.run_id)
+        said = [e for e in logs if e.dagster_event_type != dg.DagsterEventType.ASSET_OBSERVATION]
+        for entry in said[-15:]:
+            at = time.strftime("%H:%M:%S", time.gmtime(entry.timestamp))
+            lines.append(f"  {at} {entry.message[:300]}")
+    return "\n".join(lines)
+
+
 def _drained(admin: RocketMQAdmin, group: str, topics: list[str]) -> bool:
     for topic in topics:
         for q in admin.queues(topic):
@@ -208,7 +225,7 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
         for target in (3, 2, 4):
             before = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
             result = _scale(instance, target, name)
-            assert result.success, [e.message for e in result.all_events if e.is_failure]
+            assert result.success, _why_failed(result, instance, name)
             md = _metadata(result)
             assert md["instances_after"] == target
             pauses[f"{len(before)}->{target}"] = md["pause_s"]

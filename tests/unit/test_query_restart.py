@@ -90,6 +90,23 @@ def test_a_start_that_fails_on_the_worker_is_tried_again() -> None:
     assert len(said) == 2
 
 
+def test_every_start_attempt_keeps_the_run_alive_first() -> None:
+    """A start blocks the run's heartbeat loop: each attempt beats before it begins."""
+    inst, _, _ = _instance([])
+    events: list[str] = []
+    inst.keepalive = lambda: events.append("beat")
+
+    def start_stage(stage: Any) -> FakeQuery:
+        events.append("start")
+        if events.count("start") < 3:
+            raise RuntimeError(CONNECT_BACK)
+        return FakeQuery(f"started-{stage.index}")
+
+    inst._start_stage = start_stage  # type: ignore[method-assign]
+    inst._start_stage_retrying(inst.topology.stages[0])
+    assert events == ["beat", "start"] * 3
+
+
 def test_a_start_that_fails_otherwise_is_not_retried() -> None:
     inst, _, _ = _instance([])
 
