@@ -177,7 +177,11 @@ class PacedInput:
 
 
 #: Pause bound under CPU load (the idle-machine target, 10 s, is the benchmark's).
-PAUSE_UNDER_LOAD_S = 30.0
+#: Under load the pause is mostly the new owners starting their queries (a Python
+#: planner process per stage on a starved machine): 10-20 s here, about twice that
+#: on the CI machine (1 -> 3 took 22.5 and 23.5 s there). A handover that relaunches
+#: runs instead, the behaviour this replaces, took minutes.
+PAUSE_UNDER_LOAD_S = 60.0
 
 
 def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str]]:
