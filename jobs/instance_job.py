@@ -195,11 +195,15 @@ class Heart:
         self.sent_at = 0.0
         self._sent: Progress | None = None
 
+    def interval_up(self, now: float) -> bool:
+        """Whether a heartbeat interval has passed since the last beat."""
+        return now - self.sent_at >= self._config.heartbeat_interval_s
+
     def due(self, now: float) -> bool:
         """Whether the interval is up, or there is rebalance progress to answer."""
         follower = self.follower
         progressed = follower is not None and self._sent != follower.progress
-        return now - self.sent_at >= self._config.heartbeat_interval_s or progressed
+        return self.interval_up(now) or progressed
 
     def beat(self) -> None:
         """Record a heartbeat with the rebalance progress and the last known lag."""
@@ -249,7 +253,7 @@ def _supervise(
             return reason
         now = time.monotonic()
         if heart.due(now):
-            if now - heart.sent_at >= config.heartbeat_interval_s:
+            if heart.interval_up(now):
                 try:
                     heart.lag = inst.lag_by_queue()
                 except TRANSIENT as exc:
