@@ -64,9 +64,10 @@ _ENTRY_HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body
 def normalize_msg_id(raw: str) -> str:
     """The message id as the C++ client's send result reports it.
 
-    That client now and then stores a malformed unique id: a blank, or a blank
-    and a zero byte and more (seen about once in 100k sends). Its send result
-    is the C string, cut at the zero byte; read ids are cut the same way.
+    That client's id maker is not thread-safe: with producers sending from
+    several threads it now and then stores a malformed unique id, cut short,
+    with blanks, or with a zero byte and more (a few in 100k sends). Its send
+    result is the C string, cut at the zero byte; read ids are cut the same way.
     """
     return raw.split("\x00", 1)[0].strip()
 
@@ -177,7 +178,10 @@ def decode_messages(buf: bytes) -> list[Record]:
         p += topic_len
         (props_len,) = _U16.unpack_from(buf, p)
         p += 2
-        props = decode_properties(buf[p : p + props_len].decode("utf-8")) if props_len else {}
+        # Not strict: the C++ client's malformed unique ids (see normalize_msg_id)
+        # may hold any bytes, and one such message must not stop the reader.
+        props_text = buf[p : p + props_len].decode("utf-8", errors="replace")
+        props = decode_properties(props_text) if props_len else {}
         keys_text = props.get(PROPERTY_KEYS, "")
         records.append(
             Record(

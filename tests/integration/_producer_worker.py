@@ -7,10 +7,12 @@ the work, this process's index and how many sender threads it uses. Process
 sends those with ``(i // processes) % threads == t``, in increasing order.
 Each thread has its own Producer (a Producer is not thread-safe).
 
-It writes one line per sent message to ``spec["out"]``:
-``index queue_id queue_offset msg_id`` and exits 0, or prints the error and
-exits 1. The message content is a pure function of the index
-(:func:`message_for`), so the test regenerates what was sent independently.
+It writes one JSON line per sent message to ``spec["out"]``:
+``[index, queue_id, queue_offset, msg_id]`` and exits 0, or prints the error
+and exits 1. JSON, not blank-separated text, because the C++ client's id can
+be malformed and hold blanks or other odd characters (docs/rocketmq-client.md).
+The message content is a pure function of the index (:func:`body_for`), so
+the test regenerates what was sent independently.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _send_share(spec: dict[str, object], thread: int, out: list[str], errors: li
                 receipt = producer.send(
                     topic, body_for(i), key=key_for(key_index(i)), tags=tags, properties=props
                 )
-                out.append(f"{i} {receipt.queue_id} {receipt.queue_offset} {receipt.msg_id}")
+                out.append(json.dumps([i, receipt.queue_id, receipt.queue_offset, receipt.msg_id]))
     except BaseException:
         errors.append(traceback.format_exc())
 

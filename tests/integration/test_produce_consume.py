@@ -103,7 +103,7 @@ def produced(
                 assert proc.returncode == 0, f"producer process failed:\n{stderr}"
                 pids.add(proc.pid)
                 for line in out.read_text().splitlines():
-                    i, q, off, msg_id = line.split()
+                    i, q, off, msg_id = json.loads(line)
                     assert int(i) not in receipts, f"index {i} was sent twice"
                     receipts[int(i)] = (int(q), int(off), msg_id)
         finally:

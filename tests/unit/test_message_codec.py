@@ -68,7 +68,10 @@ class Msg:
         if ipaddress.ip_address(self.store_host).version == 6:
             sys_flag |= SYS_STOREHOST_V6
         stored_body = zlib.compress(self.body) if self.compress else self.body
-        props = "".join(f"{k}\x01{v}\x02" for k, v in self.properties.items()).encode("utf-8")
+        # surrogateescape lets a test store bytes that are not UTF-8 ("\udcff" is 0xff).
+        props = "".join(f"{k}\x01{v}\x02" for k, v in self.properties.items()).encode(
+            "utf-8", "surrogateescape"
+        )
         topic = self.topic.encode("utf-8")
         topic_part = (
             struct.pack(">H", len(topic)) if self.v2 else struct.pack(">B", len(topic))
@@ -303,3 +306,11 @@ def test_malformed_client_ids_are_cut_like_the_send_result() -> None:
     assert (
         normalize_msg_id("0100007F000038C400001143896C1400") == "0100007F000038C400001143896C1400"
     )
+
+
+def test_a_malformed_id_with_bytes_that_are_not_utf8_does_not_stop_the_reader() -> None:
+    props = {"UNIQ_KEY": "0100007F 0000\udcff\x00A1\udcfe", "k": "v"}
+    (record,) = decode_messages(Msg(properties=props).encode())
+    assert record.msg_id == "0100007F 0000\ufffd"
+    assert record.properties["k"] == "v"
+    assert record.body == b"hello"
