@@ -329,7 +329,13 @@ def _await_advancing(
     broker_name: str,
 ) -> None:
     """Every queue's committed offset moves past where it was, or reaches the end."""
-    mqs = [MessageQueue(t, broker_name, q) for t, qs in new.queues_by_topic().items() for q in qs]
+    owner = {
+        MessageQueue(t, broker_name, q): index
+        for index, share in enumerate(new.assignment)
+        for t, qs in share.items()
+        for q in qs
+    }
+    mqs = list(owner)
 
     def committed(mq: MessageQueue) -> int:
         return admin.query_consumer_offset(topology.job_id, mq) or 0
@@ -344,14 +350,11 @@ def _await_advancing(
         if not pending:
             return
         if time.monotonic() > deadline:
-            owners: dict[int, list[str]] = {}
+            by_owner: dict[int, list[str]] = {}
             for mq in sorted(pending, key=lambda m: (m.topic, m.queue_id)):
-                owner = new.owner(mq.topic, mq.queue_id)
-                owners.setdefault(-1 if owner is None else owner, []).append(
-                    f"{mq.topic}[{mq.queue_id}]"
-                )
+                by_owner.setdefault(owner[mq], []).append(f"{mq.topic}[{mq.queue_id}]")
             stuck = "; ".join(
-                f"{queues} ({_about(context, config, i)})" for i, queues in sorted(owners.items())
+                f"{queues} ({_about(context, config, i)})" for i, queues in sorted(by_owner.items())
             )
             raise failure(f"queues not advancing after the scale: {stuck}")
         time.sleep(1.0)

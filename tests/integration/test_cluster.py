@@ -214,7 +214,7 @@ def test_wordcount_on_two_workers_restarts_a_query_whose_runner_connected_back_l
         driver.wait_started(240)
         driver.await_caught_up(CATCH_UP_S)
         driver.stop(180)
-    assert held_back(held) == 1, "no source runner was held back"
+    assert held_back(held) == 1, "the wrapper did not hold back exactly one source runner"
     log = driver.stderr_path.read_text()
     assert RESTART_LINE in log, log[-3000:]
     expected = collections.Counter(w for line in lines for w in line.split())

@@ -29,7 +29,7 @@ def test_a_beat_carries_progress_and_lag_and_answers_progress_at_once() -> None:
     heart = Heart(SimpleNamespace(instance=instance, run_id="run-b"), config)  # type: ignore[arg-type]
     heart.follower = RebalanceFollower(StartedInstance(), 1, 3, {"in": [1]})  # type: ignore[arg-type]
     heart.lag = {"in": {1: 4, 3: 2}}
-    assert heart.due(now=0.0 + 60.0)
+    assert heart.due(now=60.0)  # the interval is up since the (never sent) last beat
     heart.beat()
     beat = heartbeats(instance, ["run-b"])["run-b"]
     assert (beat.generation, beat.instance_index, beat.running, beat.lag) == (3, 1, 3, {"in": 6})
