@@ -201,6 +201,13 @@ class EngineSettings(BaseSettings):
     pre_combine: bool = Field(
         default=True, description="Pre-aggregate decomposable aggregates before the shuffle."
     )
+    worker_preconnect: bool = Field(
+        default=True,
+        description="Start Spark's Python workers with stream-assets-worker-python (installed "
+        "beside the venv's python), which connects back to Spark before its imports: a worker "
+        "that imports slowly on a busy machine no longer misses Spark's fixed 10 s. False, or "
+        "no launcher beside the interpreter: the interpreter itself.",
+    )
     broker_outage_s: float = Field(
         default=120.0,
         ge=0,

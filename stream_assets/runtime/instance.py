@@ -43,6 +43,7 @@ from stream_assets.runtime.source import RocketMQDataSource
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
 from stream_assets.runtime.user_code import ship_user_code
+from stream_assets.runtime.worker_launcher import worker_python
 from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
 
 Progress = Callable[[str], None]
@@ -189,6 +190,10 @@ class Instance:
                     f"reusing this process's SparkSession on {spark.sparkContext.master}; "
                     f"spark_master {self.engine.spark_master} needs a new process"
                 )
+        if self.engine.worker_preconnect:
+            # Before the data source is registered: its Python workers (the source runner
+            # among them, which Spark gives 10 s to connect back) run what it captures.
+            spark.sparkContext.pythonExec = worker_python(spark.sparkContext.pythonExec)
         spark.sparkContext.setLogLevel("WARN")
         # Repeats on every slow batch; the instance reports batch durations itself
         # (StageMetrics.max_batch_s).

@@ -1,10 +1,13 @@
 """Which stage-query failures an instance restarts the query for, and how often.
 
 Spark gives every new Python worker it spawns without the daemon (the
-streaming source's runner, the data source planner) 10 s to connect back,
-hard-coded in ``PythonWorkerFactory``. On a machine under heavy load the
-interpreter's imports alone can take longer, and the query dies while
-INITIALIZING, having read and written nothing. Starting it again is safe at
+streaming source's runner) 10 s to connect back, hard-coded in
+``PythonWorkerFactory``. On a machine under heavy load the interpreter's
+imports alone can take longer, and the query dies while INITIALIZING, having
+read and written nothing. The worker launcher
+(:mod:`~stream_assets.runtime.worker_launcher`) connects before it imports,
+which removes most of that wait; this is what remains when even the launcher
+is late, or when it is off. Starting it again is safe at
 any time: positions come from the broker's committed offsets and the state
 (a replayed batch is de-duplicated by origin, as after any crash). Other
 failures (a fenced generation, a bug) are not retried: they end the instance.

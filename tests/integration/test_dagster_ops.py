@@ -34,6 +34,7 @@ from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
 from tests.integration._dagster_env import dagster_deployment
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
+from tests.integration._faults import RESTART_LINE
 from tests.integration._load import cpu_hog
 
 pytestmark = pytest.mark.integration
@@ -177,11 +178,23 @@ class PacedInput:
 
 
 #: Pause bound under CPU load (the idle-machine target, 10 s, is the benchmark's).
-#: Under load the pause is mostly the new owners starting their queries (a Python
-#: planner process per stage on a starved machine): 10-20 s here, about twice that
-#: on the CI machine (1 -> 3 took 22.5 and 23.5 s there). A handover that relaunches
-#: runs instead, the behaviour this replaces, took minutes.
-PAUSE_UNDER_LOAD_S = 60.0
+#: Under load the pause is mostly the new owners starting their queries on a starved
+#: machine: 10-17 s here, even with 4 more busy processes beside the test's hog. The
+#: CI machine runs this test about 2.5 times slower (its warm-ups take 135-185 s, ours
+#: 55-93 s), and its 1 -> 3 pauses were 20-24 s. A handover that relaunches runs
+#: instead, the behaviour this replaces, took minutes (190 s and 401 s).
+PAUSE_UNDER_LOAD_S = 90.0
+
+
+def _query_restarts(instance: dg.DagsterInstance, name: str) -> dict[str, int]:
+    """Per instance run (``index:run id``), how often it started a stage query again
+    because Spark's Python worker connected back too late."""
+    out: dict[str, int] = {}
+    for run in instance_runs(instance, name, list(dg.DagsterRunStatus)):
+        said = sum(1 for e in instance.all_logs(run.run_id) if RESTART_LINE in (e.message or ""))
+        if said:
+            out[f"{run.tags[INSTANCE_INDEX_TAG]}:{run.run_id[:8]}"] = said
+    return out
 
 
 def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str]]:
@@ -233,7 +246,10 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
             md = _metadata(result)
             assert md["instances_after"] == target
             pauses[f"{len(before)}->{target}"] = md["pause_s"]
-            assert 0 < md["pause_s"] <= PAUSE_UNDER_LOAD_S, md
+            assert 0 < md["pause_s"] <= PAUSE_UNDER_LOAD_S, (
+                f"{md}; query restarts per run: {_query_restarts(instance, name)}\n"
+                + _why_failed(result, instance, name)
+            )
             after = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
             assert len(after) == target
             # In place: every instance that stays keeps its run (process, SparkSession).
@@ -274,5 +290,6 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
     assert observed, "instances report their sink topic as asset observations"
     report(
         f"in-place scale pauses under a 2-process CPU hog: {pauses}; kill -9 of an instance "
-        f"with 1000 lines arriving to caught up: {caught_up_s:.1f} s"
+        f"with 1000 lines arriving to caught up: {caught_up_s:.1f} s; query restarts per run "
+        f"(Spark's Python worker late): {_query_restarts(instance, name) or 'none'}"
     )

@@ -37,6 +37,7 @@ from stream_assets.examples import windowed_sum, wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.worker_launcher import LAUNCHER
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.windows import SessionWindow, SlidingWindow, Time
@@ -113,6 +114,8 @@ def test_wordcount_200k_lines_equals_counter(
     started = time.monotonic()
     engine.start(inst)  # the first start of the session also creates the SparkSession
     start_s = time.monotonic() - started
+    # Spark starts its Python workers through the launcher installed beside this Python.
+    assert inst._spark.sparkContext.pythonExec == str(Path(sys.executable).parent / LAUNCHER)
     started = time.monotonic()
     inst.await_caught_up(CATCH_UP_S)
     process_s = time.monotonic() - started

@@ -1,0 +1,138 @@
+"""How soon a Python worker Spark starts connects back: plain interpreter vs launcher.
+
+Spark gives the streaming source's runner and the data source planners 10 s
+from process start to connect back (``PythonWorkerFactory``, hard-coded), and
+a stage query whose runner misses it dies. This plays the JVM's side: a
+server socket and a secret, as Spark sets them in the worker's environment.
+It starts ``pyspark.sql.streaming.python_streaming_source_runner``
+
+- with the venv's ``python -m`` (baseline, what Spark runs by default), which
+  connects after importing pyspark;
+- with ``stream-assets-worker-python -m`` (:mod:`stream_assets.runtime.worker_launcher`),
+  which connects first and imports after;
+
+and times, from ``Popen``, the authenticated connection (what the 10 s
+limit times) and the worker's pid (sent once its imports are done; the JVM
+waits for it without a limit). ``--hogs N`` runs N busy-loop processes
+throughout, as a loaded machine.
+
+Usage::
+
+    python benchmarks/worker_connect.py [--runs 5] [--hogs 0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stream_assets.runtime.worker_launcher import LAUNCHER
+
+RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+#: Spark's limit on the connection (not on the imports after it).
+SPARK_LIMIT_S = 10.0
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("worker closed the connection")
+        data += chunk
+    return data
+
+
+def start_once(python: str) -> tuple[float, float]:
+    """(seconds to the authenticated connection, seconds to the worker's pid)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    secret = secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "PYTHON_WORKER_FACTORY_PORT": str(server.getsockname()[1]),
+        "PYTHON_WORKER_FACTORY_SECRET": secret,
+    }
+    began = time.perf_counter()
+    worker = subprocess.Popen([python, "-m", RUNNER], env=env, stderr=subprocess.DEVNULL)
+    try:
+        server.settimeout(120)
+        conn, _ = server.accept()
+        with conn:
+            (length,) = struct.unpack("!i", _read(conn, 4))
+            if _read(conn, length).decode() != secret:
+                raise RuntimeError("wrong secret")
+            connected = time.perf_counter() - began
+            reply = b"ok"
+            conn.sendall(struct.pack("!i", len(reply)) + reply)
+            (pid,) = struct.unpack("!i", _read(conn, 4))
+            if pid != worker.pid:
+                raise RuntimeError(f"pid {pid} is not the worker's {worker.pid}")
+            return connected, time.perf_counter() - began
+    finally:
+        worker.kill()
+        worker.wait()
+        server.close()
+
+
+@contextlib.contextmanager
+def hogs(n: int) -> Iterator[None]:
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(n, 0))]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--hogs", type=int, default=0, help="busy-loop processes alongside")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    python = str(Path(sys.executable))
+    launcher = str(Path(sys.executable).parent / LAUNCHER)
+    if not os.access(launcher, os.X_OK):
+        raise SystemExit(f"{launcher} is missing: install the project (pip install -e .)")
+    results: dict[str, dict[str, float]] = {}
+    with hogs(args.hogs):
+        # Interleaved, so both see the same machine.
+        samples: dict[str, list[tuple[float, float]]] = {"python -m": [], LAUNCHER: []}
+        for _ in range(args.runs):
+            samples["python -m"].append(start_once(python))
+            samples[LAUNCHER].append(start_once(launcher))
+    for name, runs in samples.items():
+        results[name] = {
+            "connect_median_s": statistics.median(c for c, _ in runs),
+            "connect_max_s": max(c for c, _ in runs),
+            "imports_done_median_s": statistics.median(p for _, p in runs),
+        }
+    base, ours = results["python -m"], results[LAUNCHER]
+    ratio = ours["connect_median_s"] / base["connect_median_s"]
+    if args.json:
+        print(json.dumps({"hogs": args.hogs, "results": results, "connect_ratio": ratio}))
+        return
+    print(f"{args.runs} starts of {RUNNER} each, {args.hogs} busy-loop processes alongside")
+    for name, r in results.items():
+        print(
+            f"  {name:>28}: connected after {r['connect_median_s']:.3f} s median "
+            f"({r['connect_max_s']:.3f} s max; Spark's limit {SPARK_LIMIT_S:.0f} s), "
+            f"imports done after {r['imports_done_median_s']:.3f} s"
+        )
+    print(f"  launcher / baseline, time to connect: {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
