@@ -1,8 +1,8 @@
 """How soon a Python worker Spark starts connects back: plain interpreter vs launcher.
 
-Spark gives the streaming source's runner and the data source planners 10 s
-from process start to connect back (``PythonWorkerFactory``, hard-coded), and
-a stage query whose runner misses it dies. This plays the JVM's side: a
+Spark gives the streaming source's runner 10 s from process start to connect
+back (``PythonWorkerFactory``, hard-coded), and a stage query whose runner
+misses it dies. This plays the JVM's side: a
 server socket and a secret, as Spark sets them in the worker's environment.
 It starts ``pyspark.sql.streaming.python_streaming_source_runner``
 
@@ -37,21 +37,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from stream_assets.runtime.worker_launcher import LAUNCHER
+from stream_assets.runtime.worker_launcher import LAUNCHER, frame, read_frame
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 #: Spark's limit on the connection (not on the imports after it).
 SPARK_LIMIT_S = 10.0
-
-
-def _read(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("worker closed the connection")
-        data += chunk
-    return data
 
 
 def start_once(python: str) -> tuple[float, float]:
@@ -69,13 +59,12 @@ def start_once(python: str) -> tuple[float, float]:
         server.settimeout(120)
         conn, _ = server.accept()
         with conn:
-            (length,) = struct.unpack("!i", _read(conn, 4))
-            if _read(conn, length).decode() != secret:
+            if read_frame(conn).decode() != secret:
                 raise RuntimeError("wrong secret")
             connected = time.perf_counter() - began
-            reply = b"ok"
-            conn.sendall(struct.pack("!i", len(reply)) + reply)
-            (pid,) = struct.unpack("!i", _read(conn, 4))
+            conn.sendall(frame(b"ok"))
+            conn.settimeout(120)
+            (pid,) = struct.unpack("!i", conn.recv(4, socket.MSG_WAITALL))
             if pid != worker.pid:
                 raise RuntimeError(f"pid {pid} is not the worker's {worker.pid}")
             return connected, time.perf_counter() - began

@@ -6,8 +6,8 @@ streaming source's runner) 10 s to connect back, hard-coded in
 imports alone can take longer, and the query dies while INITIALIZING, having
 read and written nothing. The worker launcher
 (:mod:`~stream_assets.runtime.worker_launcher`) connects before it imports,
-which removes most of that wait; this is what remains when even the launcher
-is late, or when it is off. Starting it again is safe at
+which takes most of that time out of the limit; a restart is for a worker that
+is late even so, or started without the launcher. Starting it again is safe at
 any time: positions come from the broker's committed offsets and the state
 (a replayed batch is de-duplicated by origin, as after any crash). Other
 failures (a fenced generation, a bug) are not retried: they end the instance.

@@ -71,14 +71,25 @@ def _conn_info(env: Mapping[str, str]) -> str | int | None:
     return int(env[_PORT]) if _PORT in env else None
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("Spark closed the connection while authenticating the worker")
-        data += chunk
-    return data
+def frame(data: bytes) -> bytes:
+    """``data`` as Spark's socket auth sends it: a 4-byte big-endian length, then the bytes."""
+    return struct.pack("!i", len(data)) + data
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One :func:`frame` from ``sock``."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError(f"connection closed after {len(data)} of {n} bytes")
+            data += chunk
+        return data
+
+    (length,) = struct.unpack("!i", exactly(4))
+    return exactly(length)
 
 
 def connect_back(env: Mapping[str, str]) -> tuple[socket.socket, str | int] | None:
@@ -101,12 +112,9 @@ def connect_back(env: Mapping[str, str]) -> tuple[socket.socket, str | int] | No
     host = "::1" if env.get("SPARK_PREFER_IPV6", "false").lower() == "true" else "127.0.0.1"
     sock = socket.create_connection((host, int(conn_info)), timeout=timeout)
     try:
-        # Spark's SocketAuthHelper: the secret, then "ok", each as a 4-byte
-        # big-endian length and UTF-8 bytes.
-        token = secret.encode()
-        sock.sendall(struct.pack("!i", len(token)) + token)
-        (length,) = struct.unpack("!i", _read_exactly(sock, 4))
-        if _read_exactly(sock, length) != b"ok":
+        # Spark's SocketAuthHelper: the worker sends the secret, Spark answers "ok".
+        sock.sendall(frame(secret.encode()))
+        if read_frame(sock) != b"ok":
             raise ConnectionError("Spark refused the worker's secret")
     except BaseException:
         sock.close()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime.worker_launcher import LAUNCHER, worker_python
+from stream_assets.runtime.worker_launcher import LAUNCHER, frame, read_frame, worker_python
 
 INSTALLED = Path(sys.executable).parent / LAUNCHER
 
@@ -32,19 +32,6 @@ with get_sock_file_to_executor(timeout=None) as sock_file:
     sock_file.write(b"ran " + " ".join(sys.argv[1:]).encode())
     sock_file.flush()
 """
-
-
-def _read(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        assert chunk, f"connection closed after {data!r}"
-        data += chunk
-    return data
-
-
-def _frame(data: bytes) -> bytes:
-    return struct.pack("!i", len(data)) + data
 
 
 @pytest.fixture()
@@ -89,17 +76,16 @@ def test_the_launcher_connects_before_the_module_runs_and_the_module_gets_that_c
         conn, _ = server.accept()
         with conn:
             conn.settimeout(60)
-            (length,) = struct.unpack("!i", _read(conn, 4))
-            assert _read(conn, length).decode() == secret
-            conn.sendall(_frame(b"ok"))
+            assert read_frame(conn).decode() == secret
+            conn.sendall(frame(b"ok"))
             assert worker.poll() is None
             assert worker.stdin is not None
             worker.stdin.write(b"go\n")
             worker.stdin.close()
             # Then the module's own connect returns this connection: its pid, its data.
-            (pid,) = struct.unpack("!i", _read(conn, 4))
+            (pid,) = struct.unpack("!i", conn.recv(4, socket.MSG_WAITALL))
             assert pid == worker.pid
-            assert _read(conn, len(b"ran a b")) == b"ran a b"
+            assert conn.recv(len(b"ran a b"), socket.MSG_WAITALL) == b"ran a b"
         assert worker.wait(60) == 0, worker.stderr.read() if worker.stderr else ""
     finally:
         worker.kill()
@@ -117,9 +103,8 @@ def test_a_refused_secret_fails_the_worker_with_a_clear_error(
     worker = _start(["-m", "never_imported"], tmp_path, env)
     conn, _ = server.accept()
     with conn:
-        (length,) = struct.unpack("!i", _read(conn, 4))
-        _read(conn, length)
-        conn.sendall(_frame(b"no"))
+        read_frame(conn)
+        conn.sendall(frame(b"no"))
         _, err = worker.communicate(timeout=60)
     assert worker.returncode != 0
     assert b"Spark refused the worker's secret" in err
