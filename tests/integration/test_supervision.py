@@ -26,6 +26,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import sqlalchemy.exc
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from jobs.supervisor import failure_message, instance_runs
@@ -282,6 +283,33 @@ def test_a_hung_instance_is_terminated_before_it_is_replaced(
     assert [r.run_id for r in _unfinished(env)] == [replacement.run_id]
 
 
+def _freeze_then_cancel(env: Env, run: dg.DagsterRun, pid: int, attempts: int = 5) -> None:
+    """SIGSTOP the run's process, then record the run as CANCELING.
+
+    A process frozen in the middle of writing to its run's SQLite event log
+    keeps that log locked, and the cancellation's write fails after SQLite's
+    busy timeout ("database is locked"). Then the process runs on until its
+    next heartbeat (seconds later: the write it was frozen in, milliseconds
+    long, is done), and is frozen again.
+    """
+    for _ in range(attempts):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            env.instance.report_run_canceling(run)
+            return
+        except sqlalchemy.exc.OperationalError as exc:
+            if "database is locked" not in str(exc):
+                raise
+            os.kill(pid, signal.SIGCONT)
+            last = heartbeats(env.instance, [run.run_id])[run.run_id].ts
+            wait_until(
+                lambda last=last: heartbeats(env.instance, [run.run_id])[run.run_id].ts > last,
+                120,
+                "the run's next heartbeat, after it was frozen mid-write",
+            )
+    raise AssertionError(f"the run was frozen mid-write {attempts} times in a row")
+
+
 def test_a_canceling_run_is_never_doubled(env: Env, admin: RocketMQAdmin) -> None:
     target = _await_beating(env, 0, "instance 0 heartbeating")
     pid = heartbeats(env.instance, [target.run_id])[target.run_id].pid
@@ -289,9 +317,8 @@ def test_a_canceling_run_is_never_doubled(env: Env, admin: RocketMQAdmin) -> Non
     # its process alive, for as long as the test needs. The cancellation is the
     # status Dagster's terminate records first (the run's loop stops on it); the
     # terminate's signal to the run worker would block on the frozen process.
-    os.kill(pid, signal.SIGSTOP)
+    _freeze_then_cancel(env, target, pid)
     try:
-        env.instance.report_run_canceling(target)
         assert _status(env, target.run_id) == dg.DagsterRunStatus.CANCELING
         _await_ticks(env, 3)
         assert [r.run_id for r in _unfinished(env)] == [target.run_id]
