@@ -297,16 +297,18 @@ def _freeze_then_cancel(env: Env, run: dg.DagsterRun, pid: int, attempts: int = 
         try:
             env.instance.report_run_canceling(run)
             return
-        except sqlalchemy.exc.OperationalError as exc:
+        except BaseException as exc:
+            os.kill(pid, signal.SIGCONT)  # never left frozen by a failure
+            if not isinstance(exc, sqlalchemy.exc.OperationalError):
+                raise
             if "database is locked" not in str(exc):
                 raise
-            os.kill(pid, signal.SIGCONT)
-            last = heartbeats(env.instance, [run.run_id])[run.run_id].ts
-            wait_until(
-                lambda last=last: heartbeats(env.instance, [run.run_id])[run.run_id].ts > last,
-                120,
-                "the run's next heartbeat, after it was frozen mid-write",
-            )
+        last = heartbeats(env.instance, [run.run_id])[run.run_id].ts
+        wait_until(
+            lambda last=last: heartbeats(env.instance, [run.run_id])[run.run_id].ts > last,
+            120,
+            "the run's next heartbeat, after it was frozen mid-write",
+        )
     raise AssertionError(f"the run was frozen mid-write {attempts} times in a row")
 
 
