@@ -24,7 +24,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
@@ -34,10 +33,12 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from stream_assets.runtime.worker_launcher import LAUNCHER, frame, read_frame
+from tests.integration._load import cpu_hog
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 #: Spark's limit on the connection (not on the imports after it).
@@ -74,17 +75,6 @@ def start_once(python: str) -> tuple[float, float]:
         server.close()
 
 
-@contextlib.contextmanager
-def hogs(n: int) -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(n, 0))]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -96,7 +86,7 @@ def main() -> None:
     if not os.access(launcher, os.X_OK):
         raise SystemExit(f"{launcher} is missing: install the project (pip install -e .)")
     results: dict[str, dict[str, float]] = {}
-    with hogs(args.hogs):
+    with cpu_hog(args.hogs):
         # Interleaved, so both see the same machine.
         samples: dict[str, list[tuple[float, float]]] = {"python -m": [], LAUNCHER: []}
         for _ in range(args.runs):
