@@ -57,6 +57,7 @@ from stream_assets.control.registry import REGISTRY, TopologyRegistration
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.reader import PullStatus, QueueReader
 from stream_assets.settings import CheckSettings
 
@@ -166,7 +167,7 @@ class RocketMQProbe:
 
     def _positions(self, group: str, topic: str) -> list[tuple[MessageQueue, int, int]]:
         """(queue, first uncommitted offset, max offset) of every queue of ``topic``."""
-        queues = self.admin.queues(topic)
+        queues = current_layout(self.admin, topic).queues
         committed = self.admin.group_offsets(group, topic, queues)
         ranges = self.admin.topic_offsets(topic, queues)
         out = []
@@ -178,12 +179,18 @@ class RocketMQProbe:
         return out
 
     def lag(self, group: str, topic: str) -> dict[int, int]:
-        return {q.queue_id: max(0, end - floor) for q, floor, end in self._positions(group, topic)}
+        """Per queue index (the topic's layout: ids repeat across broker groups)."""
+        return {
+            i: max(0, end - floor)
+            for i, (_, floor, end) in enumerate(self._positions(group, topic))
+        }
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         if not self.admin.topic_exists(topic):
             return {}
-        return {q.queue_id: o.max_offset for q, o in self.admin.topic_offsets(topic).items()}
+        layout = current_layout(self.admin, topic)
+        offsets = self.admin.topic_offsets(topic, layout.queues)
+        return {layout.index(q): o.max_offset for q, o in offsets.items()}
 
     def _store_ms(self, queue: MessageQueue, offset: int) -> int | None:
         batch = self.reader.pull(queue, offset, 1)

@@ -54,6 +54,7 @@ from stream_assets.control.topics import provision_topics
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.runtime.clients import admin_for
 
 SCALE_JOB = "scale_job"
@@ -158,7 +159,7 @@ def scale(
             f"{config.topology}: warm-up {warmed_s:.1f}s; handover pause {pause_s:.2f}s "
             f"(first release to last start, instances {sorted(changed)})"
         )
-    _verify(context, config, topology, new, queues, answers, admin, topics.broker_name, deadline)
+    _verify(context, config, topology, new, queues, answers, admin, topics.layouts, deadline)
     context.add_output_metadata(
         {
             "generation": new.generation,
@@ -303,7 +304,7 @@ def _verify(
     queues: dict[str, list[int]],
     answers: dict[int, Heartbeat],
     admin: RocketMQAdmin,
-    broker_name: str,
+    layouts: dict[str, TopicLayout],
     deadline: float,
 ) -> None:
     """Every instance of ``new`` runs it, every queue is owned, and every queue advances."""
@@ -312,7 +313,7 @@ def _verify(
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
         raise failure(f"allocation leaves queues unowned: {sorted(expected - owned)}")
-    _await_advancing(context, config, topology, new, deadline, admin, broker_name)
+    _await_advancing(context, config, topology, new, deadline, admin, layouts)
     context.log.info(
         f"{config.topology}: all {new.instances} instances of generation {new.generation} "
         "are running, own every queue, and every queue is advancing or drained"
@@ -326,11 +327,11 @@ def _await_advancing(
     new: Allocation,
     deadline: float,
     admin: RocketMQAdmin,
-    broker_name: str,
+    layouts: dict[str, TopicLayout],
 ) -> None:
     """Every queue's committed offset moves past where it was, or reaches the end."""
     owner = {
-        MessageQueue(t, broker_name, q): index
+        layouts[t].queue(q): index
         for index, share in enumerate(new.assignment)
         for t, qs in share.items()
         for q in qs
@@ -351,8 +352,10 @@ def _await_advancing(
             return
         if time.monotonic() > deadline:
             by_owner: dict[int, list[str]] = {}
-            for mq in sorted(pending, key=lambda m: (m.topic, m.queue_id)):
-                by_owner.setdefault(owner[mq], []).append(f"{mq.topic}[{mq.queue_id}]")
+            for mq in sorted(pending):
+                by_owner.setdefault(owner[mq], []).append(
+                    f"{mq.topic}[{mq.broker_name}:{mq.queue_id}]"
+                )
             stuck = "; ".join(
                 f"{queues} ({_about(context, config, i)})" for i, queues in sorted(by_owner.items())
             )

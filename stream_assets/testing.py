@@ -295,6 +295,9 @@ class _StateTopicView:
     def __init__(self, broker: InMemoryBroker) -> None:
         self.broker = broker
 
+    def get_kv(self, namespace: str, key: str) -> None:
+        return None  # no stored layouts: one broker, queue index == queue id
+
     def queues(self, topic: str) -> list[MessageQueue]:
         count = self.broker.topic(topic).queue_count
         return [MessageQueue(topic, _BROKER_NAME, q) for q in range(count)]

@@ -51,6 +51,7 @@ from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.errors import TopicNotFoundError
+from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.state.changelog import MessageSender
@@ -482,7 +483,13 @@ def _empty_state(
         done: list[EmptySnapshot] = []
         for state_topic in dict.fromkeys(h.queue.topic for h in todo):
             heads = [h for h in todo if h.queue.topic == state_topic]
-            done += [append_empty_snapshot(h.queue, h, sender, writer) for h in heads]
+            layout = current_layout(admin, state_topic)
+            if producer is not None:
+                producer.pin([layout])
+            done += [
+                append_empty_snapshot(h.queue, h, sender, writer, layout.index(h.queue))
+                for h in heads
+            ]
             say(
                 f"state topic {state_topic}: empty snapshot appended to queues "
                 f"{[h.queue.queue_id for h in heads]}"

@@ -48,6 +48,7 @@ from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.runtime.stateful import read_key_state
@@ -342,7 +343,7 @@ def query_state(
     own_reader = reader is None
     try:
         try:
-            queue_count = len(admin.queues(state_topic))
+            queue_count = len(current_layout(admin, state_topic))
         except TopicNotFoundError:
             raise StateQueryError(
                 f"state topic {state_topic!r} of topology {topo.job_id} does not exist on "

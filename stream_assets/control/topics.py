@@ -8,7 +8,12 @@ to the topology and is created on first use: shuffle and state topics with
 ``sink_queues``, the dead-letter topic with one. Shuffle and state topics
 that exist must have exactly ``shuffle_queues`` queues: records are routed to
 a shuffle queue by key hash modulo the count, and a state queue pairs with
-the shuffle queue of the same id, so a job keeps that count for life.
+the shuffle queue of the same index, so a job keeps that count for life.
+
+A topic the engine creates gets its whole count spread over the broker
+groups (``spread_queues``: evenly, by group name). The first provisioning
+stores each source, shuffle and state topic's layout on the name server, so
+queue indices keep their meaning for the job's life (rocketmq/layout.py).
 
 The scale job provisions before it allocates queues (the allocation needs
 the source's queue ids), an instance before it starts its queries.
@@ -20,7 +25,7 @@ Example::
     creating topic wordcount__shuffle__key_by-2 (8 queues)
     ...
     >>> topics.source_queues  # doctest: +SKIP
-    (0, 1, 2, 3)
+    {'lines': (0, 1, 2, 3)}
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ from dataclasses import dataclass
 
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.rocketmq.errors import RocketMQError, TopicNotFoundError
+from stream_assets.rocketmq.errors import (
+    BrokerUnreachableError,
+    RocketMQError,
+    TopicNotFoundError,
+)
+from stream_assets.rocketmq.layout import LAYOUT_NAMESPACE, TopicLayout, describe_pairs
 from stream_assets.settings import EngineSettings
 
 
@@ -38,14 +48,19 @@ from stream_assets.settings import EngineSettings
 class ProvisionedTopics:
     """What running a topology needs to know of its topics once they are provisioned.
 
-    ``broker_name`` is the broker the first source topic lives on (the first
-    by name when it spans several): where stage queues are addressed and
-    consumer offsets committed. ``source_queues`` are each source topic's
-    readable queue ids, the queues its source stage allocates.
+    ``layouts`` hold every source, shuffle and state topic's queues in index
+    order (:class:`~stream_assets.rocketmq.layout.TopicLayout`); the engine
+    names those queues by index everywhere and turns an index into
+    ``(broker, queue id)`` only to reach the broker. ``source_queues`` are
+    each source topic's queue indices, the queues its source stage allocates.
     """
 
-    broker_name: str
+    layouts: dict[str, TopicLayout]
     source_queues: dict[str, tuple[int, ...]]
+
+
+class LayoutChangedError(RocketMQError, ValueError):
+    """A topic's queues differ from the layout the job has used: not something to ride out."""
 
 
 class SourceTopicNotFoundError(TopicNotFoundError):
@@ -94,51 +109,114 @@ def provision_topics(
     engine: EngineSettings,
     progress: Callable[[str], None] | None = None,
 ) -> ProvisionedTopics:
-    """Check ``topology``'s source topic exists and create its other topics where missing.
+    """Check ``topology``'s source topic exists, create its other topics where missing,
+    and fix the layout of every source, shuffle and state topic.
 
     Raises :class:`SourceTopicNotFoundError` (a ``TopicNotFoundError``)
-    before creating anything if the source is missing, and ``ValueError``
-    naming ``STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES`` if an existing shuffle or
-    state topic has another queue count than ``engine.shuffle_queues``.
-    ``progress`` hears of every topic created. Existing topics are left as
-    they are, so calling it again (every instance start does) is cheap.
+    before creating anything if the source is missing, and
+    :class:`LayoutChangedError` naming what to do if a shuffle or state topic
+    has another queue count than ``engine.shuffle_queues``
+    (``STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES``) or a topic's queues are not
+    those of its stored layout. Topics the engine creates get their whole
+    count spread over the broker groups (:func:`spread_queues`). ``progress``
+    hears of every topic created and of broker groups missing right now.
+    Existing topics are left as they are, so calling it again (every
+    instance start does) is cheap.
 
     Example::
 
         >>> topics = provision_topics(admin, topology, engine, context.log.info)  # doctest: +SKIP
-        >>> topology_queues(topology, topics.source_queues, engine.shuffle_queues)  # doctest: +SKIP
-        {'sourceTopic': [0, 1, 2, 3], 'wordcount__shuffle__key_by-2': [0, 1, 2, 3, 4, 5, 6, 7]}
+        >>> topics.source_queues  # doctest: +SKIP
+        {'sourceTopic': (0, 1, 2, 3, 4, 5, 6, 7)}
+        >>> topics.layouts["sourceTopic"].queue(4)  # doctest: +SKIP
+        MessageQueue(topic='sourceTopic', broker_name='broker-b', queue_id=0)
     """
-    routes = {}
+    say = progress or (lambda _: None)
     for source in topology.source_topics:
-        try:
-            route = admin.route(source)
-        except TopicNotFoundError:
-            raise SourceTopicNotFoundError(
-                source, admin.settings.namesrv_addr, topology.job_id
-            ) from None
-        if not route.brokers:
-            raise RocketMQError(
-                f"source topic {source!r} has a route but no master broker serves "
-                "it; is the broker running and registered with the name server?"
-            )
-        routes[source] = route
-    provisioned = ProvisionedTopics(
-        broker_name=sorted(routes[topology.source_topic].brokers)[0],
-        source_queues={t: tuple(q.queue_id for q in r.read_queues) for t, r in routes.items()},
-    )
+        if not admin.topic_exists(source) and admin.get_kv(LAYOUT_NAMESPACE, source) is None:
+            raise SourceTopicNotFoundError(source, admin.settings.namesrv_addr, topology.job_id)
     fixed = {*topology.shuffle_topics, *topology.state_topics}
     for topic, queues in topic_queue_counts(topology, engine).items():
-        if not admin.topic_exists(topic):
-            if progress is not None:
-                progress(f"creating topic {topic} ({queues} queues)")
-            admin.create_topic(topic, queues)
-        elif topic in fixed:
-            have = admin.route(topic).write_queue_count
-            if have != queues:
-                raise ValueError(
-                    f"topic {topic} has {have} queues but the engine is configured for "
-                    f"{queues} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a job keeps its "
-                    "shuffle queue count for life"
-                )
-    return provisioned
+        if admin.topic_exists(topic) or admin.get_kv(LAYOUT_NAMESPACE, topic) is not None:
+            continue
+        say(f"creating topic {topic} ({queues} queues)")
+        admin.create_topic(topic, queues, spread=True)
+    # Every topic's layout is fixed (stored) now, sinks' too: a topic the engine
+    # created is then never created again while its broker group is down.
+    layouts = {
+        topic: topic_layout(admin, topic, engine.shuffle_queues if topic in fixed else None, say)
+        for topic in dict.fromkeys((*topology.source_topics, *topic_queue_counts(topology, engine)))
+    }
+    return ProvisionedTopics(
+        layouts=layouts,
+        source_queues={t: tuple(range(len(layouts[t]))) for t in topology.source_topics},
+    )
+
+
+def topic_layout(
+    admin: RocketMQAdmin,
+    topic: str,
+    expected: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TopicLayout:
+    """``topic``'s layout: the one stored on the name server, else its route's now (stored).
+
+    The first call fixes the layout for the topic's life: a broker group
+    that goes down later (or leaves the route) leaves a gap the engine rides
+    out, never a renumbering. ``expected``: the queue count the topic must
+    have (shuffle and state topics). Raises :class:`LayoutChangedError` when
+    the topic now has queues its layout lacks, or the count is not
+    ``expected``.
+
+    Example::
+
+        >>> topic_layout(admin, "orders").pairs  # doctest: +SKIP
+        (('broker-a', 0), ('broker-a', 1), ('broker-b', 0), ('broker-b', 1))
+    """
+    stored = admin.get_kv(LAYOUT_NAMESPACE, topic)
+    try:
+        now = {(q.broker_name, q.queue_id) for q in admin.route(topic).read_queues}
+    except TopicNotFoundError:
+        if stored is None:
+            raise
+        now = set()
+    if stored is None:
+        if not now:
+            raise BrokerUnreachableError(
+                f"topic {topic!r}",
+                admin.settings.namesrv_addr,
+                "its route names no broker group with queues; is the broker running and "
+                "registered with the name server?",
+            )
+        current = TopicLayout(topic, tuple(now))
+        _check_count(current, expected)
+        admin.put_kv(LAYOUT_NAMESPACE, topic, current.encode())
+        return current
+    layout = TopicLayout.decode(topic, stored)
+    _check_count(layout, expected)
+    extra = now - set(layout.pairs)
+    if extra:
+        raise LayoutChangedError(
+            f"topic {topic!r} now has queues that its layout, fixed when the engine first "
+            f"used it, lacks ({describe_pairs(extra)}; the layout is "
+            f"{describe_pairs(layout.pairs)}). Queue indices carry keys and state, so they "
+            "cannot change under a running job: remove those queues again, or read the topic "
+            "under a new job id"
+        )
+    missing = set(layout.pairs) - now
+    if missing and progress is not None:
+        progress(
+            f"topic {topic}: {describe_pairs(missing)} are not in the route now (broker group "
+            "down?); their reads and writes wait for it to come back"
+        )
+    return layout
+
+
+def _check_count(layout: TopicLayout, expected: int | None) -> None:
+    if expected is not None and len(layout) != expected:
+        raise LayoutChangedError(
+            f"topic {layout.topic} has {len(layout)} queues ({describe_pairs(layout.pairs)}) but "
+            f"the engine is configured for {expected} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a "
+            "job keeps its shuffle queue count for life: set it back, or run the topology "
+            "under a new job id"
+        )

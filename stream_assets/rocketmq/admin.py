@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
@@ -67,12 +67,33 @@ class QueueOffsets:
     max_offset: int
 
 
+class BrokerRoute(NamedTuple):
+    """One broker group's part of a topic's route."""
+
+    #: The master's address; "" while the group has no master (its slave serves reads).
+    master: str
+    read_queues: int
+    write_queues: int
+    #: A slave's address ("" if none): where reads go while the master is down.
+    replica: str = ""
+
+    @property
+    def read_addr(self) -> str:
+        """Where reads go: the master, else a slave (as RocketMQ's own clients do)."""
+        return self.master or self.replica
+
+
 @dataclass(frozen=True)
 class TopicRoute:
-    """Where a topic's queues live: broker name -> (master address, read, write queues)."""
+    """Where a topic's queues live: broker group name -> :class:`BrokerRoute`.
+
+    A group whose master is down but whose slave is registered stays in the
+    route (``master == ""``): its queues are still readable, and dropping it
+    would renumber every queue after it.
+    """
 
     topic: str
-    brokers: dict[str, tuple[str, int, int]]
+    brokers: dict[str, BrokerRoute]
 
     @property
     def read_queues(self) -> list[MessageQueue]:
@@ -80,13 +101,31 @@ class TopicRoute:
         return [
             MessageQueue(self.topic, name, qid)
             for name in sorted(self.brokers)
-            for qid in range(self.brokers[name][1])
+            for qid in range(self.brokers[name].read_queues)
         ]
 
     @property
     def write_queue_count(self) -> int:
         """How many queues a producer spreads over."""
-        return sum(w for _, _, w in self.brokers.values())
+        return sum(b.write_queues for b in self.brokers.values())
+
+
+def spread_queues(total: int, brokers: Iterable[str]) -> dict[str, int]:
+    """How ``total`` queues are laid out over broker groups: evenly, the first
+    groups by name taking one more when it does not divide; a group gets none
+    when there are more groups than queues.
+
+    >>> spread_queues(8, ["broker-b", "broker-a"])
+    {'broker-a': 4, 'broker-b': 4}
+    >>> spread_queues(5, ["broker-a", "broker-b"]), spread_queues(1, ["a", "b"])
+    ({'broker-a': 3, 'broker-b': 2}, {'a': 1})
+    """
+    names = sorted(brokers)
+    if not names:
+        raise ValueError("no broker group to lay queues out on")
+    share, extra = divmod(total, len(names))
+    counts = {name: share + (1 if i < extra else 0) for i, name in enumerate(names)}
+    return {name: count for name, count in counts.items() if count > 0}
 
 
 def validate_topic_name(topic: str) -> str:
@@ -119,7 +158,7 @@ class RocketMQAdmin:
         self._pool = ConnectionPool(self.settings.request_timeout_s, credentials_of(self.settings))
         # Broker addresses rarely change; offset calls would otherwise ask the
         # name server once per call.
-        self._addr_cache: dict[tuple[str, str], tuple[str, float]] = {}
+        self._addr_cache: dict[tuple[str, str], tuple[BrokerRoute, float]] = {}
 
     def close(self) -> None:
         """Close every connection."""
@@ -157,21 +196,48 @@ class RocketMQAdmin:
             raise TopicNotFoundError(topic, self.settings.namesrv_addr)
         _check(reply, f"route of topic {topic!r}")
         data = cast(dict[str, Any], parse_fastjson(reply.body))
-        masters = {
-            b["brokerName"]: b["brokerAddrs"][_MASTER_ID]
-            for b in data.get("brokerDatas", [])
-            if _MASTER_ID in b.get("brokerAddrs", {})
-        }
+        groups = {b["brokerName"]: _group_addrs(b) for b in data.get("brokerDatas", [])}
         brokers = {
-            q["brokerName"]: (
-                masters[q["brokerName"]],
+            q["brokerName"]: BrokerRoute(
+                groups[q["brokerName"]][0],
                 int(q["readQueueNums"]),
                 int(q["writeQueueNums"]),
+                groups[q["brokerName"]][1],
             )
             for q in data.get("queueDatas", [])
-            if q["brokerName"] in masters
+            if any(groups.get(q["brokerName"], ("", "")))
         }
         return TopicRoute(topic, brokers)
+
+    def get_kv(self, namespace: str, key: str) -> str | None:
+        """A value stored on the name server (its KV config, kept on its disk), or None.
+
+        With several name servers, the first that holds it answers.
+        """
+        errors: list[BrokerUnreachableError] = []
+        for addr in self.settings.namesrv_addrs:
+            try:
+                reply = self._pool.get(addr, "name server").call(
+                    RequestCode.GET_KV_CONFIG, {"namespace": namespace, "key": key}
+                )
+            except BrokerUnreachableError as exc:
+                errors.append(exc)
+                continue
+            if reply.code == ResponseCode.QUERY_NOT_FOUND:
+                continue
+            _check(reply, f"name server KV {namespace}/{key}")
+            return reply.ext_fields.get("value")
+        if errors and len(errors) == len(self.settings.namesrv_addrs):
+            raise errors[0]
+        return None
+
+    def put_kv(self, namespace: str, key: str, value: str) -> None:
+        """Store ``value`` on every name server (each keeps its own copy on disk)."""
+        for addr in self.settings.namesrv_addrs:
+            reply = self._pool.get(addr, "name server").call(
+                RequestCode.PUT_KV_CONFIG, {"namespace": namespace, "key": key, "value": value}
+            )
+            _check(reply, f"store name server KV {namespace}/{key} on {addr}")
 
     def topic_exists(self, topic: str) -> bool:
         """Whether the name server knows a route for ``topic``."""
@@ -198,6 +264,28 @@ class RocketMQAdmin:
             if _MASTER_ID in b.get("brokerAddrs", {}) and (names is None or name in names)
         }
 
+    def cluster_brokers(self, cluster: str | None = None) -> dict[str, dict[int, str]]:
+        """Broker name -> {broker id: address} of every registered node, slaves included
+        (id 0 is the master), for one cluster or all of them.
+
+        Example::
+
+            >>> admin.cluster_brokers("DefaultCluster")  # doctest: +SKIP
+            {'broker-a': {0: '127.0.0.1:30911', 1: '127.0.0.1:31911'}, 'broker-b': {0: ...}}
+        """
+        reply = self._namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO, {})
+        _check(reply, "cluster info")
+        data = cast(dict[str, Any], parse_fastjson(reply.body))
+        clusters = data.get("clusterAddrTable") or {}
+        if cluster is not None and cluster not in clusters:
+            raise RocketMQError(f"no cluster {cluster!r}; known: {sorted(clusters)}")
+        names = None if cluster is None else set(clusters[cluster])
+        return {
+            name: {int(i): str(addr) for i, addr in (b.get("brokerAddrs") or {}).items()}
+            for name, b in (data.get("brokerAddrTable") or {}).items()
+            if names is None or name in names
+        }
+
     # -- topics ------------------------------------------------------------
 
     def create_topic(
@@ -206,11 +294,16 @@ class RocketMQAdmin:
         queues: int,
         cluster: str | None = None,
         wait_s: float = 30.0,
+        spread: bool = False,
     ) -> TopicRoute:
         """Create or update ``topic`` with ``queues`` read and write queues on every master.
 
-        Waits (bounded by ``wait_s``) until the name server's route shows the
-        new queue count, so a producer or reader started next sees it.
+        With ``spread``, ``queues`` is the topic's total instead, laid out by
+        :func:`spread_queues` over the masters (how the engine creates its own
+        topics, so a shuffle topic has exactly the configured count however
+        many broker groups there are). Waits (bounded by ``wait_s``) until the
+        name server's route shows the new queue counts, so a producer or
+        reader started next sees them.
         """
         validate_topic_name(topic)
         if queues <= 0:
@@ -218,14 +311,15 @@ class RocketMQAdmin:
         masters = self.master_brokers(cluster)
         if not masters:
             raise RocketMQError(f"no master broker is registered with {self.settings.namesrv_addr}")
-        for name, addr in sorted(masters.items()):
-            reply = self._pool.get(addr, f"broker {name}").call(
+        counts = spread_queues(queues, masters) if spread else dict.fromkeys(masters, queues)
+        for name, count in counts.items():
+            reply = self._pool.get(masters[name], f"broker {name}").call(
                 RequestCode.UPDATE_AND_CREATE_TOPIC,
                 {
                     "topic": topic,
                     "defaultTopic": "TBW102",
-                    "readQueueNums": str(queues),
-                    "writeQueueNums": str(queues),
+                    "readQueueNums": str(count),
+                    "writeQueueNums": str(count),
                     "perm": str(_PERM_READ_WRITE),
                     "topicFilterType": "SINGLE_TAG",
                     "topicSysFlag": "0",
@@ -238,7 +332,9 @@ class RocketMQAdmin:
             try:
                 route = self.route(topic)
                 if all(
-                    route.brokers.get(name, ("", 0, 0))[1:] == (queues, queues) for name in masters
+                    (b := route.brokers.get(name)) is not None
+                    and (b.read_queues, b.write_queues) == (count, count)
+                    for name, count in counts.items()
                 ):
                     return route
             except TopicNotFoundError:
@@ -246,7 +342,7 @@ class RocketMQAdmin:
             if time.monotonic() > deadline:
                 raise RocketMQError(
                     f"topic {topic!r} was created on the brokers but the name server did not "
-                    f"show {queues} queues within {wait_s:.0f}s"
+                    f"show its queues ({counts}) within {wait_s:.0f}s"
                 )
             time.sleep(0.1)
 
@@ -257,34 +353,61 @@ class RocketMQAdmin:
     # -- offsets -----------------------------------------------------------
 
     def _broker_call(
-        self, queue: MessageQueue, code: int, fields: dict[str, str]
+        self, queue: MessageQueue, code: int, fields: dict[str, str], read: bool = False
     ) -> RemotingCommand:
-        addr = self.broker_addr(queue)
+        addr = self.read_addr(queue) if read else self.broker_addr(queue)
         try:
             return self._pool.get(addr, f"broker {queue.broker_name}").call(code, fields)
         except BrokerUnreachableError:
             self._addr_cache.pop((queue.topic, queue.broker_name), None)
             raise
 
-    def broker_addr(self, queue: MessageQueue) -> str:
-        """The master address serving ``queue`` (cached for a few seconds)."""
+    def _group_route(self, queue: MessageQueue) -> BrokerRoute:
+        """``queue``'s broker group in its topic's route (cached for a few seconds).
+
+        A group missing from the route is unreachable (down, or not registered
+        with the name server yet), never "no such queue": the caller rides it out.
+        """
         cache_key = (queue.topic, queue.broker_name)
         cached = self._addr_cache.get(cache_key)
         if cached is not None and time.monotonic() - cached[1] < _ADDR_CACHE_S:
             return cached[0]
         route = self.route(queue.topic)
-        if queue.broker_name not in route.brokers:
-            raise RocketMQError(
-                f"topic {queue.topic!r} has no queues on broker {queue.broker_name!r}"
+        group = route.brokers.get(queue.broker_name)
+        if group is None:
+            raise BrokerUnreachableError(
+                f"broker group {queue.broker_name}",
+                self.settings.namesrv_addr,
+                f"the name server's route of topic {queue.topic!r} has no queues on it "
+                f"(it serves {', '.join(sorted(route.brokers)) or 'no group'}); is that "
+                "group's master or slave running?",
             )
-        addr = route.brokers[queue.broker_name][0]
-        self._addr_cache[cache_key] = (addr, time.monotonic())
-        return addr
+        self._addr_cache[cache_key] = (group, time.monotonic())
+        return group
+
+    def broker_addr(self, queue: MessageQueue) -> str:
+        """The master address serving ``queue``: where writes and commits go.
+
+        Raises :class:`BrokerUnreachableError` while the group has no master.
+        """
+        group = self._group_route(queue)
+        if not group.master:
+            self._addr_cache.pop((queue.topic, queue.broker_name), None)
+            raise BrokerUnreachableError(
+                f"broker group {queue.broker_name}",
+                group.replica,
+                "its master is down (its slave serves reads only); writes wait for the master",
+            )
+        return group.master
+
+    def read_addr(self, queue: MessageQueue) -> str:
+        """Where reads of ``queue`` go: its master, else its slave."""
+        return self._group_route(queue).read_addr
 
     def _offset_call(self, queue: MessageQueue, code: int, extra: dict[str, str], what: str) -> int:
         fields = {"topic": queue.topic, "queueId": str(queue.queue_id), **extra}
-        reply = self._broker_call(queue, code, fields)
-        _check(reply, f"{what} of {queue.topic}[{queue.queue_id}]")
+        reply = self._broker_call(queue, code, fields, read=True)
+        _check(reply, f"{what} of {queue.topic}[{queue.queue_id}] on {queue.broker_name}")
         return int(reply.ext_fields["offset"])
 
     def min_offset(self, queue: MessageQueue) -> int:
@@ -318,10 +441,10 @@ class RocketMQAdmin:
         """
         wanted = self._queues_of(topic, queues)
         found: dict[MessageQueue, QueueOffsets] = {}
-        for addr, on_broker in self._by_broker(wanted):
+        for addr, on_broker in self._by_broker(wanted, read=True):
             broker = on_broker[0].broker_name
             reply = self._broker_call(
-                on_broker[0], RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}
+                on_broker[0], RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}, read=True
             )
             _check(reply, f"offsets of topic {topic!r} on broker {broker}")
             table = _offset_table(reply.body, topic)
@@ -375,7 +498,9 @@ class RocketMQAdmin:
         """
         wanted = self._queues_of(topic, queues)
         found: dict[MessageQueue, int | None] = {}
-        for addr, on_broker in self._by_broker(wanted):
+        # Read from the slave while the master is down: its copy of the offsets
+        # may be a sync interval old, which replays a little (de-duplicated).
+        for addr, on_broker in self._by_broker(wanted, read=True):
             requests: list[_Request] = [
                 (
                     RequestCode.QUERY_CONSUMER_OFFSET,
@@ -502,11 +627,15 @@ class RocketMQAdmin:
             raise ValueError(f"queues {strangers} are not queues of topic {topic!r}")
         return wanted
 
-    def _by_broker(self, queues: Iterable[MessageQueue]) -> list[tuple[str, list[MessageQueue]]]:
-        """``queues`` grouped by broker, with the master address serving each; order kept."""
+    def _by_broker(
+        self, queues: Iterable[MessageQueue], read: bool = False
+    ) -> list[tuple[str, list[MessageQueue]]]:
+        """``queues`` grouped by broker, with the address serving each (the master;
+        for ``read``, the master or else a slave); order kept."""
+        where = self.read_addr if read else self.broker_addr
         grouped: dict[tuple[str, str], list[MessageQueue]] = {}
         for queue in queues:
-            grouped.setdefault((queue.broker_name, self.broker_addr(queue)), []).append(queue)
+            grouped.setdefault((queue.broker_name, where(queue)), []).append(queue)
         return [(addr, on_broker) for (_, addr), on_broker in grouped.items()]
 
     def _broker_call_many(
@@ -532,6 +661,13 @@ class RocketMQAdmin:
             for queue in queues:
                 self._addr_cache.pop((queue.topic, queue.broker_name), None)
             raise
+
+
+def _group_addrs(broker_data: dict[str, Any]) -> tuple[str, str]:
+    """(master address or "", first slave's address or "") of a route's BrokerData."""
+    addrs = {int(k): str(v) for k, v in (broker_data.get("brokerAddrs") or {}).items()}
+    slaves = sorted(k for k in addrs if k != int(_MASTER_ID))
+    return addrs.get(int(_MASTER_ID), ""), addrs[slaves[0]] if slaves else ""
 
 
 def _offset_table(body: bytes, topic: str) -> dict[int, dict[str, Any]]:

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tenacity import (
@@ -56,6 +56,7 @@ from stream_assets.rocketmq.errors import (
     SendError,
 )
 from stream_assets.rocketmq.hashing import choose_queue
+from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.message_codec import (
     MAX_PROPERTIES_BYTES,
     NAME_VALUE_SEPARATOR,
@@ -177,6 +178,7 @@ class BatchProducer:
         self.max_request_messages = max_request_messages
         self._routes: dict[str, tuple[TopicRoute, list[_Slot]]] = {}
         self._routes_lock = threading.Lock()
+        self._layouts: dict[str, TopicLayout] = {}
         self._turn = itertools.count().__next__  # round-robin
         # Unique ids: per producer, the pid and 8 random bytes; per message, a
         # counter. 32 hex digits like the Java client's ids; the broker only
@@ -229,16 +231,44 @@ class BatchProducer:
             return cached
         validate_topic_name(topic)
         route = self._admin.route(topic)
-        # Queue index -> (broker, queue id), brokers by name: the order of
-        # TopicRoute.read_queues, so with one broker the index is the queue id.
-        slots = [
-            _Slot(name, route.brokers[name][0], qid)
-            for name in sorted(route.brokers)
-            for qid in range(route.brokers[name][2])
-        ]
+        layout = self._layouts.get(topic)
+        if layout is not None:
+            # A pinned layout: index i is always the same queue. A group without a
+            # master keeps its slots with no address; sends to them wait (retried
+            # as unreachable) rather than go to another queue.
+            slots = [
+                _Slot(b, route.brokers[b].master if b in route.brokers else "", q)
+                for b, q in layout.pairs
+            ]
+        else:
+            # Queue index -> (broker, queue id), brokers by name: the order of
+            # TopicRoute.read_queues, so with one broker the index is the queue id.
+            # Groups without a master are left out, as RocketMQ's producers do.
+            slots = [
+                _Slot(name, route.brokers[name].master, qid)
+                for name in sorted(route.brokers)
+                if route.brokers[name].master
+                for qid in range(route.brokers[name].write_queues)
+            ]
+        if not slots:
+            raise BrokerUnreachableError(
+                f"topic {topic!r}", self.settings.namesrv_addr, "no broker group has a master"
+            )
         with self._routes_lock:
             self._routes[topic] = (route, slots)
         return route, slots
+
+    def pin(self, layouts: Iterable[TopicLayout]) -> None:
+        """Send by these layouts: ``queue_id=i`` is the layout's queue ``i`` for its topic.
+
+        The engine pins its shuffle and state topics, whose queue index must
+        keep its meaning while a broker group is down or gone from the route.
+        """
+        with self._routes_lock:
+            for layout in layouts:
+                if self._layouts.get(layout.topic) != layout:
+                    self._layouts[layout.topic] = layout
+                    self._routes.pop(layout.topic, None)
 
     def _forget_routes(self, topics: set[str]) -> None:
         # After a broker was unreachable its address may have moved; the next
@@ -409,8 +439,12 @@ class BatchProducer:
         born = str(int(time.time() * 1000))
 
         def call(addr: str) -> list[RemotingCommand] | BrokerUnreachableError:
-            requests = [self._frame(heads[i], born) for i in by_addr[addr]]
             role = f"broker {heads[by_addr[addr][0]].slot.broker_name}"
+            if not addr:
+                return BrokerUnreachableError(
+                    role, "-", "it has no master now (down, or gone from the route)"
+                )
+            requests = [self._frame(heads[i], born) for i in by_addr[addr]]
             try:
                 return pool.get(addr, role).call_many(requests, timeout_s=timeout_s)
             except BrokerUnreachableError as exc:

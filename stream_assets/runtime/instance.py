@@ -35,11 +35,13 @@ from stream_assets.control.topics import provision_topics
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.errors import BrokerUnreachableError
+from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.query_restart import RestartBudget, restartable
-from stream_assets.runtime.source import RocketMQDataSource
+from stream_assets.runtime.source import RocketMQDataSource, encode_layouts
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
 from stream_assets.runtime.user_code import ship_user_code
@@ -131,7 +133,10 @@ class Instance:
         self._restarts = {s.index: RestartBudget() for s in topology.stages}
         self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
         self._spark: Any = None
-        self._broker_name = ""
+        #: Every source, shuffle and state topic's layout (queue index -> broker, id).
+        self._layouts: dict[str, TopicLayout] = {}
+        #: Offsets a broker group without a master could not store yet; sent with the next commit.
+        self._deferred: dict[MessageQueue, int] = {}
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
@@ -150,7 +155,7 @@ class Instance:
     def prepare_topics(self) -> None:
         """Check the source exists; create shuffle, state, sink, dead-letter topics if missing."""
         topics = provision_topics(self._admin, self.topology, self.engine, self.progress)
-        self._broker_name = topics.broker_name
+        self._layouts = topics.layouts
         self._source_queues = topics.source_queues
 
     # -- lifecycle ---------------------------------------------------------
@@ -304,8 +309,13 @@ class Instance:
         )
         if queues is not None:
             reader = reader.option("queues", ",".join(map(str, queues)))
-        if stage.source is not None:
+        if stage.source is not None and stage.exits:
             reader = reader.option("planned_group", self._planned_group)
+        read_topics = [
+            stage.input_topic,
+            *(self.topology.stages[u].input_topic for u in stage.upstreams),
+        ]
+        reader = reader.option("layouts", encode_layouts(self._layouts[t] for t in read_topics))
         head = stage.head
         if head is not None and (head.window is not None or isinstance(head, n.TableJoin)):
             # What waits for the watermark can fire when input stops (idle
@@ -336,7 +346,11 @@ class Instance:
             ),
             rocketmq=self.rocketmq,
             group=self.group,
-            broker_name=self._broker_name,
+            layouts={
+                t: self._layouts[t]
+                for t in (stage.input_topic, stage.state_topic, *(e.topic for e in stage.exits))
+                if t is not None
+            },
             state_dir=str(self.engine.state_dir) if self.engine.state_dir else None,
             broker_outage_s=self.engine.broker_outage_s,
         )
@@ -369,15 +383,16 @@ class Instance:
         the queue's end now.
         """
         topic = stage.input_topic
-        ends = self._admin.topic_offsets(topic)
-        planned = self._admin.group_offsets(self._planned_group, topic)
-        committed = self._admin.group_offsets(self.group, topic)
+        layout = self._layouts[topic]
+        ends = self._admin.topic_offsets(topic, layout.queues)
+        planned = self._admin.group_offsets(self._planned_group, topic, layout.queues)
+        committed = self._admin.group_offsets(self.group, topic, layout.queues)
         out = []
         for queue, offsets in ends.items():
             bound = planned.get(queue)
             if bound is None:
                 bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
-            out.append((queue.queue_id, bound))
+            out.append((layout.index(queue), bound))
         return tuple(out)
 
     def _batch_fn(self, ctx: TaskContext) -> Callable[[Any, int], None]:
@@ -406,16 +421,30 @@ class Instance:
         """Store each queue's batch end as the group's offset: the work is durable now.
 
         Spark's own source commit would come only when the next batch is
-        planned, i.e. never for the last batch before a quiet period.
+        planned, i.e. never for the last batch before a quiet period. A broker
+        group whose master is down (its slave still serves reads) cannot store
+        offsets: they wait, and go with the first commit after it is back; a
+        start in between replays from the older offset, which the shuffle's
+        de-duplication and the sinks' deterministic keys absorb.
         """
-        ends = {
-            MessageQueue(stage.input_topic, self._broker_name, int(row["queue_id"])): int(
-                row["end_offset"]
-            )
-            for row in rows
-        }
-        # Every queue of the batch in one round trip; repeating it (outage riding) is safe.
-        self._admin.commit_consumer_offsets(self.group, ends)
+        layout = self._layouts[stage.input_topic]
+        ends = {layout.queue(int(row["queue_id"])): int(row["end_offset"]) for row in rows}
+        pending = {q: o for q, o in self._deferred.items() if q.topic == stage.input_topic}
+        pending.update(ends)
+        by_group: dict[str, dict[MessageQueue, int]] = {}
+        for queue, offset in pending.items():
+            by_group.setdefault(queue.broker_name, {})[queue] = offset
+        for broker, offsets in by_group.items():
+            # Every queue of a group in one round trip; repeating it (outage riding) is safe.
+            try:
+                self._admin.commit_consumer_offsets(self.group, offsets)
+            except BrokerUnreachableError as exc:
+                if not any(q in self._deferred for q in offsets):
+                    self.progress(f"stage {stage.index}: offsets on {broker} wait ({exc})")
+                self._deferred.update(offsets)
+                continue
+            for queue in offsets:
+                self._deferred.pop(queue, None)
 
     def _record(self, stage: int, rows: list[dict[str, Any]], seconds: float) -> None:
         with self._lock:
@@ -449,20 +478,22 @@ class Instance:
         out: dict[str, dict[int, int]] = {}
         admin = self._admin
         for stage in self.topology.stages:
+            layout = self._layouts.get(stage.input_topic) or TopicLayout.of(
+                admin.queues(stage.input_topic)
+            )
             wanted = self._queues_of(stage.input_topic)
-            queues = [
-                q for q in admin.queues(stage.input_topic) if wanted is None or q.queue_id in wanted
-            ]
+            indices = range(len(layout)) if wanted is None else wanted
+            queues = [layout.queue(i) for i in indices]
             # Committed offsets before the ends: the lag may overstate, never understate,
             # so 0 means everything the queue held was committed.
             committed = admin.group_offsets(self.group, stage.input_topic, queues)
             ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
             for q in queues:
-                floor = committed[q]
+                floor = self._deferred.get(q, committed[q])
                 if floor is None:
                     floor = ranges[q].min_offset
-                per_queue[q.queue_id] = max(0, ranges[q].max_offset - floor)
+                per_queue[layout.index(q)] = max(0, ranges[q].max_offset - floor)
             out[stage.input_topic] = per_queue
         return out
 

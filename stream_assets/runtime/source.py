@@ -35,9 +35,10 @@ Example::
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,8 +50,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StructField, StructType
 
-from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.runtime.outage import ride_out_outage
+from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets, RocketMQAdmin
+from stream_assets.rocketmq.errors import BrokerUnreachableError
+from stream_assets.rocketmq.layout import TopicLayout
+from stream_assets.runtime.outage import ride_out_outage, stderr_log
 from stream_assets.settings import RocketMQSettings
 
 T = TypeVar("T")
@@ -95,6 +98,7 @@ class SourceOptions:
     topic: str
     group: str
     settings_file: str
+    #: Queue indices in the topic's layout (None: all of them).
     queues: tuple[int, ...] | None
     max_records_per_batch: int
     tick_ms: int
@@ -107,6 +111,8 @@ class SourceOptions:
     planned_group: str | None = None
     #: At most this many Spark tasks per micro-batch (0: one per queue).
     partitions: int = 0
+    #: The layouts of ``topic`` and of the origin topics (queue index -> broker, id).
+    layouts: dict[str, TopicLayout] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
@@ -133,6 +139,7 @@ class SourceOptions:
             idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
             planned_group=options.get("planned_group") or None,
             partitions=int(options.get("partitions", "0")),
+            layouts=decode_layouts(options.get("layouts", "")),
         )
 
     def settings(self) -> RocketMQSettings:
@@ -169,16 +176,18 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self._settings = options.settings()
         self._admin_obj: RocketMQAdmin | None = None
         # Per source queue: (end offset, monotonic time it was first seen at that end).
-        self._origin_ends: dict[tuple[str, int], tuple[int, float]] = {}
+        self._origin_ends: dict[tuple[str, MessageQueue], tuple[int, float]] = {}
         self._planned: dict[str, int] = {}  # ends recorded in the planned group
         # Spark may create this reader late (a query's first batch), even while
         # the broker restarts: every broker call here rides out an outage.
-        route_queues = self._ride(lambda: self._admin.queues(options.topic), "queues")
-        wanted = set(options.queues) if options.queues is not None else None
-        self._queues = [q for q in route_queues if wanted is None or q.queue_id in wanted]
-        if wanted is not None and len(self._queues) != len(wanted):
-            missing = sorted(wanted - {q.queue_id for q in self._queues})
-            raise ValueError(f"rocketmq source: topic {options.topic!r} has no queues {missing}")
+        layout = options.layouts.get(options.topic)
+        if layout is None:
+            layout = self._ride(lambda: TopicLayout.of(self._admin.queues(options.topic)), "queues")
+        self._layout = layout
+        indices = options.queues if options.queues is not None else range(len(layout))
+        self._queues = [layout.queue(i) for i in indices]
+        #: Broker groups found unreachable, reported once per outage.
+        self._down: set[tuple[str, str]] = set()
 
     @property
     def _admin(self) -> RocketMQAdmin:
@@ -220,61 +229,103 @@ class RocketMQStreamReader(DataSourceStreamReader):
         # sent) before the stage queues' end offsets are read below.
         idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topics else []
         begin: dict[str, int] = start["q"]
-        available = self._ride(self._end_offsets, "latest offsets")
+        available = self._ride(lambda: self._end_offsets(begin), "latest offsets")
         budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end, capped = _cap(begin, available, budget)
         if self.opts.planned_group:
-            self._ride(lambda: self._record_planned(end), "planned offsets")
+            end = self._ride(lambda: self._record_planned(begin, end), "planned offsets")
         tick = int(start.get("tick", 0))
         if self.opts.tick_ms > 0:
             tick = max(tick, int(time.time() * 1000) // self.opts.tick_ms)
         # A batch that stops short of the end has input still to read: nothing is idle.
         return {"q": end, "tick": tick, "idle": [] if capped else idle}
 
-    def _record_planned(self, end: dict[str, int]) -> None:
+    def _record_planned(self, begin: dict[str, int], end: dict[str, int]) -> dict[str, int]:
         """Store the batch's end offsets before any task runs: the most a run that
         crashes in this batch can have sent, which bounds what a later run must
-        not pre-combine (``StageContext.combine_from``)."""
+        not pre-combine (``StageContext.combine_from``). Returns the ends to
+        plan: a broker group whose master cannot store them now keeps its
+        queues at ``begin`` for this batch."""
         assert self.opts.planned_group is not None
-        moved = {
-            q: end[self._key(q)]
-            for q in self._queues
-            if end[self._key(q)] > self._planned.get(self._key(q), -1)
-        }
-        if moved:
-            self._admin.commit_consumer_offsets(self.opts.planned_group, moved)
-            self._planned.update({self._key(q): off for q, off in moved.items()})
+        moved: dict[str, dict[MessageQueue, int]] = {}
+        for q in self._queues:
+            if end[self._key(q)] > self._planned.get(self._key(q), -1):
+                moved.setdefault(q.broker_name, {})[q] = end[self._key(q)]
+        planned = dict(end)
+        for on_broker in moved.values():
+            try:
+                self._admin.commit_consumer_offsets(self.opts.planned_group, on_broker)
+            except BrokerUnreachableError:
+                for q in on_broker:
+                    planned[self._key(q)] = begin[self._key(q)]
+                continue
+            self._planned.update({self._key(q): off for q, off in on_broker.items()})
+        return planned
 
-    def _end_offsets(self) -> dict[str, int]:
-        """The broker's end offset of every assigned queue (one request per broker)."""
-        offsets = self._admin.topic_offsets(self.opts.topic, self._queues)
-        return {self._key(q): o.max_offset for q, o in offsets.items()}
+    def _end_offsets(self, begin: dict[str, int]) -> dict[str, int]:
+        """The broker's end offset of every assigned queue (one request per broker);
+        a broker group that cannot be reached holds its queues at ``begin``."""
+        found = self._reachable_offsets(self.opts.topic, self._queues)
+        return {
+            self._key(q): found[q].max_offset if q in found else begin[self._key(q)]
+            for q in self._queues
+        }
+
+    def _reachable_offsets(
+        self, topic: str, queues: list[MessageQueue]
+    ) -> dict[MessageQueue, QueueOffsets]:
+        """Offsets of ``queues``, leaving out those of broker groups unreachable now.
+
+        A group that is down (master and slave, or gone from the route) is an
+        outage the other groups' queues do not wait for; with only its master
+        down, reads go to its slave.
+        """
+        by_group: dict[str, list[MessageQueue]] = {}
+        for q in queues:
+            by_group.setdefault(q.broker_name, []).append(q)
+        found: dict[MessageQueue, QueueOffsets] = {}
+        for broker, on_broker in by_group.items():
+            try:
+                found.update(self._admin.topic_offsets(topic, on_broker))
+            except BrokerUnreachableError as exc:
+                if (topic, broker) not in self._down:
+                    self._down.add((topic, broker))
+                    stderr_log(f"source {topic}: {exc}; its queues wait, the others go on")
+                continue
+            if (topic, broker) in self._down:
+                self._down.discard((topic, broker))
+                stderr_log(f"source {topic}: broker group {broker} is back")
+        return found
 
     def _idle_origins(self) -> list[int]:
         """Origins idle by the broker's offsets: end unmoved for the idle timeout,
-        and committed to that end by the stage that reads them."""
+        and committed to that end by the stage that reads them. An origin whose
+        broker group cannot be reached is not idle: its records may yet come."""
         now = time.monotonic()
         idle = []
         for topic, base in self.opts.origin_topics:
-            queues = self._admin.queues(topic)
-            ranges = self._admin.topic_offsets(topic, queues)
+            layout = self.opts.layouts.get(topic) or TopicLayout.of(self._admin.queues(topic))
+            ranges = self._reachable_offsets(topic, layout.queues)
             unmoved = []
-            for queue in queues:
-                end = ranges[queue].max_offset
-                seen = self._origin_ends.get((topic, queue.queue_id))
+            for queue, offsets in ranges.items():
+                end = offsets.max_offset
+                seen = self._origin_ends.get((topic, queue))
                 if seen is None or seen[0] != end:
-                    self._origin_ends[(topic, queue.queue_id)] = seen = (end, now)
+                    self._origin_ends[(topic, queue)] = seen = (end, now)
                 if (now - seen[1]) * 1000 >= self.opts.idle_timeout_ms:
                     unmoved.append(queue)
             # Committed offsets after the ends: a commit at or past the end read
             # above means the stage processed everything the queue held then.
-            committed = self._admin.group_offsets(self.opts.group, topic, unmoved)
+            try:
+                committed = self._admin.group_offsets(self.opts.group, topic, unmoved)
+            except BrokerUnreachableError:
+                continue
             for queue in unmoved:
                 floor = committed[queue]
                 if floor is None:
                     floor = ranges[queue].min_offset
                 if floor >= ranges[queue].max_offset:
-                    idle.append(base + queue.queue_id)
+                    idle.append(base + layout.index(queue))
         return idle
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRanges]:
@@ -282,10 +333,12 @@ class RocketMQStreamReader(DataSourceStreamReader):
         idle = tuple(end.get("idle", ()))
         ranges = []
         for queue in self._queues:
+            if (self.opts.topic, queue.broker_name) in self._down:
+                continue  # a tick must not send a task to a group that is down
             key = self._key(queue)
             lo, hi = int(start["q"].get(key, 0)), int(end["q"][key])
             if hi > lo or ticked:
-                ranges.append(QueueRange(queue.queue_id, lo, hi, idle))
+                ranges.append(QueueRange(self._layout.index(queue), lo, hi, idle))
         return group_ranges(ranges, self.opts.partitions)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -301,6 +354,18 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
     def stop(self) -> None:
         self._admin.close()
+
+
+def encode_layouts(layouts: Iterable[TopicLayout]) -> str:
+    """The ``layouts`` option: topic -> layout, as JSON (no secrets; safe in a plan)."""
+    return json.dumps({layout.topic: layout.encode() for layout in layouts})
+
+
+def decode_layouts(text: str) -> dict[str, TopicLayout]:
+    """What :func:`encode_layouts` wrote ("" : none)."""
+    if not text:
+        return {}
+    return {topic: TopicLayout.decode(topic, code) for topic, code in json.loads(text).items()}
 
 
 def group_ranges(ranges: list[QueueRange], tasks: int) -> list[QueueRanges]:

@@ -31,6 +31,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.rocketmq.batch_producer import BatchProducer
+from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.runtime.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outage import ride_out_outage
@@ -54,15 +56,27 @@ class TaskContext:
     stage: StageContext
     rocketmq: RocketMQSettings
     group: str
-    broker_name: str
+    #: The stage's input, state and shuffle topics' layouts: queue index -> (broker, id).
+    layouts: dict[str, TopicLayout]
     #: None: the executor's own local directory (see :func:`executor_state_root`).
     state_dir: str | None = None
     #: Seconds a task retries while the broker is unreachable (runtime/outage.py).
     broker_outage_s: float = 0.0
 
     def input_queue(self, queue_id: int) -> MessageQueue:
-        """The stage's input queue ``queue_id``."""
-        return MessageQueue(self.stage.stage.input_topic, self.broker_name, queue_id)
+        """The stage's input queue of index ``queue_id``."""
+        return self.layouts[self.stage.stage.input_topic].queue(queue_id)
+
+    def state_queue(self, queue_id: int) -> MessageQueue:
+        """The state topic's queue paired with input queue ``queue_id`` (same index)."""
+        assert self.stage.stage.state_topic is not None
+        return self.layouts[self.stage.stage.state_topic].queue(queue_id)
+
+    def producer(self) -> BatchProducer:
+        """This process's producer, sending by the stage's layouts."""
+        producer = producer_for(self.rocketmq)
+        producer.pin(self.layouts.values())
+        return producer
 
     def state_root(self) -> Path:
         """Where this task keeps RocksDB state: the configured dir, else executor-local."""
@@ -88,7 +102,7 @@ def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -
     """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
     settings = ctx.rocketmq
     records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
-    sender = SendBuffer(producer_for(settings))
+    sender = SendBuffer(ctx.producer())
     stats = run_source_batch(ctx.stage, queue_id, start, end, records, sender)
     stats.settings_digest = settings.digest()
     return stats
@@ -121,12 +135,12 @@ def _stateful_attempt(
     assert head is not None and stage.stage.state_topic is not None
     settings = ctx.rocketmq
     admin = admin_for(settings)
-    sender = SendBuffer(producer_for(settings))
+    sender = SendBuffer(ctx.producer())
     with HANDLES.use(ctx.state_root(), stage.job_id, head.op_id, queue_id) as store:
         began = time.monotonic()
         reader = reader_for(settings, ctx.group)
         # The queue from the context (no route lookup): one offset query when current.
-        log = MessageQueue(stage.stage.state_topic, ctx.broker_name, queue_id)
+        log = ctx.state_queue(queue_id)
         restored = ensure_current(store, log, admin, reader)
         check_owner(stage, store)  # before reading or sending anything
         currency_s = time.monotonic() - began

@@ -66,7 +66,8 @@ def run_source_batch(
     for record in records:
         stats.records_in += 1
         offset = last_offset = record.queue_offset
-        outputs.origin = f"{record.topic}/{record.queue_id}/{offset}"
+        # The queue's index, not the broker's id: ids repeat across broker groups.
+        outputs.origin = f"{record.topic}/{queue_id}/{offset}"
         try:
             value = source.deserializer(record.body)
         except Exception as exc:

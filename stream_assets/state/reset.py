@@ -105,9 +105,14 @@ def inspect_state_queue(
 
 
 def append_empty_snapshot(
-    queue: MessageQueue, head: StateQueueHead, sender: MessageSender, writer: str
+    queue: MessageQueue,
+    head: StateQueueHead,
+    sender: MessageSender,
+    writer: str,
+    index: int,
 ) -> EmptySnapshot:
-    """Append an empty snapshot to ``queue`` right after ``head.end``.
+    """Append an empty snapshot to ``queue`` (index ``index`` of its topic's layout, which
+    ``sender`` sends by) right after ``head.end``.
 
     Compare-and-append like every state write: if anything was appended since
     ``head`` was read, :class:`~stream_assets.state.errors.ChangelogConflictError`
@@ -117,7 +122,7 @@ def append_empty_snapshot(
 
     Example::
 
-        >>> done = append_empty_snapshot(queue, head, sender, "reset:cli")  # doctest: +SKIP
+        >>> done = append_empty_snapshot(queue, head, sender, "reset:cli", 2)  # doctest: +SKIP
         >>> (done.begin, done.end) == (head.end, head.end + 2)  # doctest: +SKIP
         True
     """
@@ -140,12 +145,10 @@ def append_empty_snapshot(
     )
     with (
         tempfile.TemporaryDirectory(prefix="stream-assets-reset-") as tmp,
-        QueueStateStore(tmp, "reset", "empty", queue.queue_id) as empty,
+        QueueStateStore(tmp, "reset", "empty", index) as empty,
     ):
         empty.load({}, meta)
-        begin, end = ChangelogWriter(sender, queue.topic, queue.queue_id).write_snapshot(
-            empty, head.end
-        )
+        begin, end = ChangelogWriter(sender, queue.topic, index).write_snapshot(empty, head.end)
     return EmptySnapshot(queue, begin, end, meta.seq, meta.generation)
 
 

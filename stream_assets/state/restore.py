@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.layout import current_layout, describe_pairs
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.serde.packing import PackingError, StreamUnpacker
 from stream_assets.state.errors import StateError, StateFormatError, StateRestoreError
@@ -90,14 +91,15 @@ ProgressCallback = Callable[[RestoreProgress], None]
 
 
 def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> MessageQueue:
-    """The queue ``queue_id`` of ``state_topic``."""
-    matches = [q for q in admin.queues(state_topic) if q.queue_id == queue_id]
-    if len(matches) != 1:
+    """The queue of index ``queue_id`` of ``state_topic`` (its fixed layout, any number of
+    broker groups)."""
+    layout = current_layout(admin, state_topic)
+    if not 0 <= queue_id < len(layout):
         raise StateRestoreError(
-            f"state topic {state_topic!r} has {len(matches)} queues with id {queue_id}; "
-            "expected exactly one (one broker, as many queues as the stateful stage)"
+            f"state topic {state_topic!r} has {len(layout)} queues "
+            f"({describe_pairs(layout.pairs)}); no queue index {queue_id}: as many queues as the stateful stage's shuffle topic"
         )
-    return matches[0]
+    return layout.queue(queue_id)
 
 
 def _last_record(

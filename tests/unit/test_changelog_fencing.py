@@ -77,6 +77,9 @@ class MemoryTopic:
 
     # -- what restore_queue asks of RocketMQAdmin ----------------------------
 
+    def get_kv(self, namespace: str, key: str) -> None:
+        return None  # no stored layouts: one broker, queue index == queue id
+
     def queues(self, topic: str) -> list[MessageQueue]:
         assert topic == TOPIC
         return [MessageQueue(topic, "memory", q) for q in sorted(self.bodies)]

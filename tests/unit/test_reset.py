@@ -120,6 +120,9 @@ class FakeBroker(ImmediateSender):
 
     # -- admin ---------------------------------------------------------------
 
+    def get_kv(self, namespace: str, key: str) -> None:
+        return None  # no stored layouts: one broker, queue index == queue id
+
     def queues(self, topic: str) -> list[MessageQueue]:
         if topic not in self.queue_counts:
             raise TopicNotFoundError(topic, "fake")
@@ -247,7 +250,7 @@ def test_an_empty_snapshot_makes_every_store_restore_to_empty(tmp_path: Path) ->
     assert (head.seq, head.generation, head.writer, head.empty) == (9, 2, "inst-g2", False)
     assert head.end == broker.max_offset(queue) and head.snapshot == current.meta.snapshot_offset
 
-    done = append_empty_snapshot(queue, head, broker, writer="reset:test")
+    done = append_empty_snapshot(queue, head, broker, writer="reset:test", index=queue.queue_id)
     assert (done.begin, done.end, done.seq, done.generation) == (head.end, head.end + 2, 10, 2)
     kinds = [type(decode_record(b)) for b in broker.bodies[("st", 1)][done.begin :]]
     assert kinds == [SnapBegin, SnapEnd]
@@ -288,7 +291,7 @@ def test_an_empty_snapshot_that_lost_the_race_is_void_and_changes_nothing(tmp_pa
     meta = store.next_meta()
     commit_with_changelog(store, {b"k": b"v"}, meta, ChangelogWriter(broker, "st", 0))
     with pytest.raises(ChangelogConflictError):
-        append_empty_snapshot(queue, head, broker, writer="reset:test")
+        append_empty_snapshot(queue, head, broker, writer="reset:test", index=queue.queue_id)
     with QueueStateStore(tmp_path / "fresh", "job", "op", 0) as fresh:
         restore_queue(fresh, "st", 0, broker.admin, broker.reader)
         assert dict(fresh.items()) == dict(store.items()) and fresh.meta.seq == 3
@@ -301,7 +304,7 @@ def test_a_reset_cut_short_after_its_first_record_restores_the_old_state(tmp_pat
     queue = broker.mq("st", 0)
     store = write_history(broker, tmp_path / "a", "st", 0, commits=5, snapshot_every=2)
     head = inspect_state_queue(broker.admin, broker.reader, queue)
-    append_empty_snapshot(queue, head, broker, writer="reset:test")
+    append_empty_snapshot(queue, head, broker, writer="reset:test", index=queue.queue_id)
     del broker.bodies[("st", 0)][-1]  # the snapshot's end never arrived
     del broker.stamps[("st", 0)][-1]
     with QueueStateStore(tmp_path / "fresh", "job", "op", 0) as fresh:

@@ -61,6 +61,9 @@ class BrokerView:
         self.settings = RocketMQSettings(namesrv_addr="in-memory:1")
         self.read_queues: set[tuple[str, int]] = set()
 
+    def get_kv(self, namespace: str, key: str) -> None:
+        return None  # no stored layouts: one broker, queue index == queue id
+
     def queues(self, topic: str) -> list[MessageQueue]:
         if topic not in self.broker.topics:
             raise TopicNotFoundError(topic, self.settings.namesrv_addr)
