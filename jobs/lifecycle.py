@@ -39,7 +39,7 @@ from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.allocation import Allocation, allocate, topology_queues
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
 from stream_assets.control.liveness import process_alive
-from stream_assets.control.topics import provision_topics
+from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 
@@ -246,6 +246,7 @@ def _allocate(
     engine = spark.engine_settings(state_dir=state_store.root())
     try:
         with RocketMQAdmin(rocketmq.settings()) as admin:
+            check_topology_credentials(admin, topology, topology.job_id)
             topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:
         raise failure(f"cannot start {name}: {exc}. Nothing was changed.") from exc

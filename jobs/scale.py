@@ -50,7 +50,7 @@ from stream_assets.control.desired_state import (
     Heartbeat,
     heartbeats,
 )
-from stream_assets.control.topics import provision_topics
+from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
@@ -95,6 +95,7 @@ def scale(
         # One control-plane client for the whole op (checks, restores, verification).
         admin = admin_for(settings)
         admin.master_brokers()
+        check_topology_credentials(admin, topology, topology.job_id)
         topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:
         raise failure(f"cannot scale {config.topology}: {exc}. Nothing was changed.") from exc

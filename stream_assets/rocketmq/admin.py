@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, cast
 
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
+    CredentialsRefusedError,
     RemotingError,
     RocketMQError,
     TopicNotFoundError,
@@ -164,6 +165,10 @@ class RocketMQAdmin:
         """Close every connection."""
         self._pool.close()
 
+    def _check(self, reply: RemotingCommand, what: str) -> None:
+        key = self.settings.access_key
+        _check(reply, what, key.get_secret_value() if key is not None else None)
+
     def new_pool(self) -> ConnectionPool:
         """A separate connection pool with this admin's timeout and credentials."""
         return ConnectionPool(self.settings.request_timeout_s, credentials_of(self.settings))
@@ -194,7 +199,7 @@ class RocketMQAdmin:
         reply = self._namesrv_call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         if reply.code == ResponseCode.TOPIC_NOT_EXIST:
             raise TopicNotFoundError(topic, self.settings.namesrv_addr)
-        _check(reply, f"route of topic {topic!r}")
+        self._check(reply, f"route of topic {topic!r}")
         data = cast(dict[str, Any], parse_fastjson(reply.body))
         groups = {b["brokerName"]: _group_addrs(b) for b in data.get("brokerDatas", [])}
         brokers = {
@@ -225,7 +230,7 @@ class RocketMQAdmin:
                 continue
             if reply.code == ResponseCode.QUERY_NOT_FOUND:
                 continue
-            _check(reply, f"name server KV {namespace}/{key}")
+            self._check(reply, f"name server KV {namespace}/{key}")
             return reply.ext_fields.get("value")
         if errors and len(errors) == len(self.settings.namesrv_addrs):
             raise errors[0]
@@ -237,7 +242,7 @@ class RocketMQAdmin:
             reply = self._pool.get(addr, "name server").call(
                 RequestCode.PUT_KV_CONFIG, {"namespace": namespace, "key": key, "value": value}
             )
-            _check(reply, f"store name server KV {namespace}/{key} on {addr}")
+            self._check(reply, f"store name server KV {namespace}/{key} on {addr}")
 
     def topic_exists(self, topic: str) -> bool:
         """Whether the name server knows a route for ``topic``."""
@@ -250,7 +255,7 @@ class RocketMQAdmin:
     def master_brokers(self, cluster: str | None = None) -> dict[str, str]:
         """Broker name -> master address, for one cluster or all of them."""
         reply = self._namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO, {})
-        _check(reply, "cluster info")
+        self._check(reply, "cluster info")
         data = cast(dict[str, Any], parse_fastjson(reply.body))
         names: set[str] | None = None
         if cluster is not None:
@@ -274,7 +279,7 @@ class RocketMQAdmin:
             {'broker-a': {0: '127.0.0.1:30911', 1: '127.0.0.1:31911'}, 'broker-b': {0: ...}}
         """
         reply = self._namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO, {})
-        _check(reply, "cluster info")
+        self._check(reply, "cluster info")
         data = cast(dict[str, Any], parse_fastjson(reply.body))
         clusters = data.get("clusterAddrTable") or {}
         if cluster is not None and cluster not in clusters:
@@ -326,7 +331,7 @@ class RocketMQAdmin:
                     "order": "false",
                 },
             )
-            _check(reply, f"create topic {topic!r} on broker {name}")
+            self._check(reply, f"create topic {topic!r} on broker {name}")
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -407,7 +412,7 @@ class RocketMQAdmin:
     def _offset_call(self, queue: MessageQueue, code: int, extra: dict[str, str], what: str) -> int:
         fields = {"topic": queue.topic, "queueId": str(queue.queue_id), **extra}
         reply = self._broker_call(queue, code, fields, read=True)
-        _check(reply, f"{what} of {queue.topic}[{queue.queue_id}] on {queue.broker_name}")
+        self._check(reply, f"{what} of {queue.topic}[{queue.queue_id}] on {queue.broker_name}")
         return int(reply.ext_fields["offset"])
 
     def min_offset(self, queue: MessageQueue) -> int:
@@ -446,7 +451,7 @@ class RocketMQAdmin:
             reply = self._broker_call(
                 on_broker[0], RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic}, read=True
             )
-            _check(reply, f"offsets of topic {topic!r} on broker {broker}")
+            self._check(reply, f"offsets of topic {topic!r} on broker {broker}")
             table = _offset_table(reply.body, topic)
             for queue in on_broker:
                 entry = table.get(queue.queue_id)
@@ -520,7 +525,9 @@ class RocketMQAdmin:
                 if reply.code == ResponseCode.QUERY_NOT_FOUND:
                     found[queue] = None
                     continue
-                _check(reply, f"consumer offset of {group!r} on {queue.topic}[{queue.queue_id}]")
+                self._check(
+                    reply, f"consumer offset of {group!r} on {queue.topic}[{queue.queue_id}]"
+                )
                 found[queue] = int(reply.ext_fields["offset"])
         return {q: found[q] for q in wanted}
 
@@ -530,7 +537,7 @@ class RocketMQAdmin:
         reply = self._pool.get(addr, f"broker {queue.broker_name}").call(
             RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, {}, body=_group_config(group)
         )
-        _check(reply, f"create consumer group {group!r}")
+        self._check(reply, f"create consumer group {group!r}")
 
     def commit_consumer_offset(self, group: str, queue: MessageQueue, offset: int) -> None:
         """Store ``offset`` as ``group``'s position on ``queue`` (acknowledged by the broker)."""
@@ -702,6 +709,12 @@ def _group_config(group: str) -> bytes:
     ).encode()
 
 
-def _check(reply: RemotingCommand, what: str) -> None:
+def _check(reply: RemotingCommand, what: str, access_key: str | None = None) -> None:
     if reply.code != ResponseCode.SUCCESS:
+        # An ACL refusal names the user and the settings to fix, not just a code.
+        refused = CredentialsRefusedError.from_reply(
+            reply.code, reply.remark, access_key, what, "the resource above"
+        )
+        if refused is not None:
+            raise refused
         raise RemotingError(what, reply.code, reply.remark)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_assets.control.restore import warm_queues
-from stream_assets.control.topics import provision_topics
+from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
@@ -223,14 +223,31 @@ class Instance:
         ``run_queries=False`` only warms up (topics, SparkSession, shipped code):
         an instance that takes queues over later, with :meth:`reassign`.
         """
+        self.check_credentials()
         self.prepare_topics()
         self._spark = self._session()
         shipped = ship_user_code(self._spark.sparkContext, self.topology)
         if shipped:
             self.progress(f"shipping topology modules to the executors: {', '.join(shipped)}")
         self._write_settings_file()
-        if run_queries:
-            self._start_queries()
+        try:
+            if run_queries:
+                self._start_queries()
+        except BaseException:
+            # Also Dagster's interrupt: the settings file (credentials) never outlives a start.
+            for query in self._queries:
+                query.stop()
+            self._queries.clear()
+            shutil.rmtree(self._checkpoints, ignore_errors=True)
+            raise
+
+    def check_credentials(self) -> None:
+        """Fail fast, before Spark starts, if the brokers refuse this instance's user.
+
+        Raises :class:`~stream_assets.rocketmq.errors.CredentialsRefusedError`
+        naming the user, the operation and the settings to fix.
+        """
+        check_topology_credentials(self._admin, self.topology, self.group)
 
     def _start_queries(self) -> None:
         self._stopping.clear()
@@ -603,6 +620,8 @@ class Instance:
         """Stop the queries and the SparkSession."""
         if self._queries:
             self.stop()
+        # A warm-up instance (no queries) wrote the settings file too.
+        shutil.rmtree(self._checkpoints, ignore_errors=True)
         if self._admin_obj is not None:
             self._admin_obj.close()
             self._admin_obj = None

@@ -97,7 +97,8 @@ def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> Messag
     if not 0 <= queue_id < len(layout):
         raise StateRestoreError(
             f"state topic {state_topic!r} has {len(layout)} queues "
-            f"({describe_pairs(layout.pairs)}); no queue index {queue_id}: as many queues as the stateful stage's shuffle topic"
+            f"({describe_pairs(layout.pairs)}); no queue index {queue_id}: it has as many "
+            "queues as the stateful stage's shuffle topic"
         )
     return layout.queue(queue_id)
 
