@@ -3,6 +3,7 @@
 Examples::
 
     stream-assets broker start          # resolve + start the local RocketMQ
+    stream-assets cluster start         # a local cluster: broker-a master + slave, broker-b
     stream-assets topic create orders --queues 8
     stream-assets topic offsets orders
     stream-assets roundtrip             # produce and read back, printing what it did
@@ -30,6 +31,22 @@ def _broker(args: argparse.Namespace) -> int:
         print("RocketMQ stopped")
     else:
         status = broker.status()
+        print(status.describe())
+        return 0 if status.serving else 3
+    return 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from stream_assets.broker.cluster import LocalCluster
+
+    cluster = LocalCluster()
+    if args.action == "start":
+        cluster.start()
+    elif args.action == "stop":
+        cluster.stop()
+        print("RocketMQ cluster stopped")
+    else:
+        status = cluster.status()
         print(status.describe())
         return 0 if status.serving else 3
     return 0
@@ -162,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="the local Apache RocketMQ namesrv + broker")
     broker.add_argument("action", choices=["start", "stop", "status"])
     broker.set_defaults(func=_broker)
+
+    cluster = sub.add_parser(
+        "cluster",
+        help="a local Apache RocketMQ cluster: name server, broker-a master + slave, broker-b "
+        "master (settings: STREAM_ASSETS_CLUSTER_*)",
+    )
+    cluster.add_argument("action", choices=["start", "stop", "status"])
+    cluster.set_defaults(func=_cluster)
 
     topic = sub.add_parser("topic", help="create a topic or show its queue offsets")
     topic.add_argument("action", choices=["create", "offsets"])

@@ -374,3 +374,74 @@ class CheckSettings(BaseSettings):
             self.max_lag if own.max_lag is None else own.max_lag,
             self.fresh_within_s if own.fresh_within_s is None else own.fresh_within_s,
         )
+
+
+#: A value of an extra RocketMQ config key (booleans are written true/false).
+ConfValue = str | int | float | bool
+
+
+class ClusterSettings(BaseSettings):
+    """The local Apache RocketMQ *cluster* (env prefix ``STREAM_ASSETS_CLUSTER_``).
+
+    One name server and two broker groups of cluster ``DefaultCluster``:
+    ``broker-a`` (a master and a slave) and ``broker-b`` (a master). Every
+    broker also listens on its port - 2 (VIP channel) and its port + 1 (HA).
+    The default ports clash with neither the dev broker (9876/10911) nor the
+    integration-test broker (19876/20911).
+
+    Example::
+
+        >>> s = ClusterSettings(namesrv_port=39876, broker_conf={"slaveReadEnable": True})
+        >>> s.namesrv_addr, s.broker_a_slave_port
+        ('127.0.0.1:39876', 31911)
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_CLUSTER_", extra="ignore")
+
+    version: str = Field(default="5.3.3", description="Apache RocketMQ version (Maven Central).")
+    host: str = Field(default="127.0.0.1", description="Address every JVM binds to and announces.")
+    namesrv_port: int = Field(default=29876, gt=0, lt=65536)
+    broker_a_master_port: int = Field(default=30911, gt=2, lt=65535)
+    broker_a_slave_port: int = Field(default=31911, gt=2, lt=65535)
+    broker_b_master_port: int = Field(default=32911, gt=2, lt=65535)
+    auto_create_topics: bool = Field(
+        default=False,
+        description="Broker autoCreateTopicEnable; off so a misspelt topic is an error.",
+    )
+    namesrv_heap: str = Field(default="256m")
+    broker_heap: str = Field(default="512m", description="Heap of each broker JVM.")
+    commitlog_file_size: int = Field(
+        default=128 * 1024 * 1024, description="mappedFileSizeCommitLog (smaller than 1 GiB)."
+    )
+    max_message_size: int = Field(default=DEFAULT_MAX_MESSAGE_SIZE, gt=0)
+    start_timeout_s: float = Field(
+        default=180.0, gt=0, description="Bound on starting the nodes until they are registered."
+    )
+    home: Path | None = Field(
+        default=None,
+        description="One directory per node (conf, pid, logs, store) under it "
+        "(default .local/rocketmq-cluster).",
+    )
+    namesrv_conf: dict[str, ConfValue] = Field(
+        default_factory=dict,
+        description="More name server config keys (JSON object in the env); they win.",
+    )
+    broker_conf: dict[str, ConfValue] = Field(
+        default_factory=dict,
+        description="More config keys for every broker (JSON object in the env); they win over "
+        "the defaults.",
+    )
+    node_conf: dict[str, dict[str, ConfValue]] = Field(
+        default_factory=dict,
+        description="More config keys per broker node, by node name ('broker-a-master', "
+        "'broker-a-slave', 'broker-b-master'); they win over broker_conf.",
+    )
+
+    def resolved_home(self) -> Path:
+        """The cluster home, defaulting under the project-local dir."""
+        return self.home or local_dir() / "rocketmq-cluster"
+
+    @property
+    def namesrv_addr(self) -> str:
+        """The address clients use to reach the cluster's name server."""
+        return f"{self.host}:{self.namesrv_port}"

@@ -18,6 +18,7 @@ import pytest
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
+from tests.integration._rocketmq_cluster import cluster_restored, rocketmq_cluster  # noqa: F401
 
 #: Quiet Spark: no console progress bars in the test output.
 SPARK_CONF = {"spark.ui.showConsoleProgress": "false"}
