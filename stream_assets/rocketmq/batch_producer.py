@@ -51,7 +51,6 @@ from tenacity import (
 from stream_assets.rocketmq.admin import RocketMQAdmin, TopicRoute, validate_topic_name
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
-    MessageTooLargeError,
     RocketMQError,
     SendError,
 )
@@ -73,12 +72,23 @@ from stream_assets.settings import RocketMQSettings
 
 __all__ = ["BatchProducer", "OutgoingMessage"]
 
-#: The broker's own default maxMessageSize; it checks a batch's whole body
-#: against its limit (MessageExtEncoder.encode(MessageExtBatch)).
+# What a RocketMQ 5.3.3 broker checks of a send's size (MessageExtEncoder, the
+# "maxMessageBodySize" there being the broker's maxMessageSize):
+# - a single message (SEND_MESSAGE_V2, encode(MessageExtBrokerInner)): its body
+#   length <= maxMessageSize; its properties <= 32767 bytes; the whole stored
+#   message <= maxMessageSize + 64 KiB (a 127-byte topic and 32 KiB of
+#   properties always fit that reserve);
+# - a batch (SEND_BATCH_MESSAGE, encode(MessageExtBatch)): the request's whole
+#   body -- every entry with its 22 bytes of framing and its properties --
+#   <= maxMessageSize, else it throws and the request is answered SYSTEM_ERROR;
+#   nothing per message besides each one's properties length.
+# ``settings.max_message_size`` is the broker's maxMessageSize. So a batch
+# request's body is kept within it, and a message whose entry alone is over it
+# (a body within the last few dozen bytes of the limit) goes as a single
+# message, whose only bound is its body: every body up to the limit is sent.
+#: Cap on a batch request's body (the broker's own default maxMessageSize):
+#: with a larger limit, bigger messages still go, in requests of their own.
 MAX_REQUEST_BYTES_CAP = 4 * 1024 * 1024
-#: Room left under the limit so a request never sits exactly at the broker's
-#: bound (the settings' limit is only promised to be "at or below" the broker's).
-REQUEST_HEADROOM_BYTES = 16 * 1024
 #: Messages per request. Throughput hardly depends on it (measured here: 200 000
 #: 100-byte records over 8 queues, about 157 000 records/s with 256, 2 048 or
 #: whole 4 MiB requests; encoding in Python dominates), so it is kept moderate:
@@ -104,11 +114,11 @@ _KNOWN_PERMANENT = {
 }
 _DEFAULT_TOPIC = "TBW102"
 _DEFAULT_TOPIC_QUEUES = "4"
-# No request-level properties ("i") at all, on purpose. Brokers up to 5.3.3
-# append the request's properties to every stored message of the batch (removed
-# later, apache/rocketmq#9416): a request-level UNIQ_KEY, as the Java client
-# sends, would come after each message's own and win when read back, giving
-# every message of a request the same id. It would also turn the request into
+# No request-level properties ("i") in a batch request, on purpose. Brokers up
+# to 5.3.3 append the request's properties to every stored message of the
+# batch (removed later, apache/rocketmq#9416): a request-level UNIQ_KEY, as the
+# Java client sends, would come after each message's own and win when read
+# back, giving every message of a request the same id. It would also turn the request into
 # one "inner batch" message on a batch-consume-queue topic. WAIT is left out as
 # the broker reads a missing WAIT as true (Message.isWaitStoreMsgOK).
 #: Property bytes kept free for what the broker appends per message (CLUSTER,
@@ -139,6 +149,10 @@ class _Request:
     entries: list[bytes] = field(default_factory=list)
     msg_ids: list[str] = field(default_factory=list)
     size: int = 0
+    #: ``(body, property string)`` of a message too large for any batch (its
+    #: entry is over maxMessageSize though its body is not): it is this
+    #: request's only message and goes as a single message (SEND_MESSAGE_V2).
+    single: tuple[bytes, str] | None = None
 
     def describe(self) -> str:
         return (
@@ -167,8 +181,7 @@ class BatchProducer:
         self._owns_admin = admin is None
         self._group = group or settings.producer_group
         if max_request_bytes is None:
-            cap = min(settings.max_message_size, MAX_REQUEST_BYTES_CAP)
-            max_request_bytes = max(cap - REQUEST_HEADROOM_BYTES, cap // 2)
+            max_request_bytes = min(settings.max_message_size, MAX_REQUEST_BYTES_CAP)
         if max_request_bytes <= 0 or max_request_messages <= 0:
             raise ValueError(
                 f"max_request_bytes ({max_request_bytes}) and max_request_messages "
@@ -313,10 +326,18 @@ class BatchProducer:
 
         The per-message loop is the client's main cost (a few microseconds a
         message), hence the local caches and the property string built by hand.
+
+        The one size limit of a message is its body's, ``settings.max_message_size``
+        (the broker's maxMessageSize). A message whose entry is over
+        ``max_request_bytes`` gets a request of its own (queue order is kept:
+        the queue's messages before and after it are in the requests before
+        and after), as a batch of one if the broker takes its entry as a batch,
+        else as a single message.
         """
-        limit = self.max_request_bytes
-        max_count = self.max_request_messages
         body_limit = self.settings.max_message_size
+        # The broker refuses a batch whose whole body is over its maxMessageSize.
+        limit = min(self.max_request_bytes, body_limit)
+        max_count = self.max_request_messages
         props_limit = MAX_PROPERTIES_BYTES - BROKER_PROPERTY_ROOM
         id_prefix, id_counter = self._id_prefix, self._id_counter
         slots_of: dict[str, list[_Slot]] = {}
@@ -350,7 +371,8 @@ class BatchProducer:
             if tags is not None:
                 _check_value(PROPERTY_TAGS, tags)
                 text += f"{PROPERTY_TAGS}\x01{tags}\x02"
-            props = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
+            text = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
+            props = text.encode()
             if len(props) > props_limit:
                 raise ValueError(
                     f"message for topic {topic!r}: its properties take {len(props)} bytes, "
@@ -358,15 +380,17 @@ class BatchProducer:
                 )
             entry = encode_entry(body, props)
             size = len(entry)
-            if size > limit:
-                raise MessageTooLargeError(topic, size, limit)
             pending = queues.get((topic, index))
             if pending is None:
                 pending = queues[(topic, index)] = deque()
             request = pending[-1] if pending else None
+            # An entry over ``limit`` always starts a request, and no other joins it
+            # (its size is over ``limit`` too).
             if request is None or request.size + size > limit or len(request.entries) >= max_count:
                 request = _Request(topic, slots[index])
                 pending.append(request)
+                if size > body_limit:
+                    request.single = (body, text)
             request.positions.append(position)
             request.entries.append(entry)
             request.msg_ids.append(msg_id)
@@ -464,6 +488,8 @@ class BatchProducer:
         return {addr: f.result() for addr, f in futures.items()}
 
     def _frame(self, request: _Request, born: str) -> tuple[int, dict[str, str], bytes]:
+        if request.single is not None:
+            return self._frame_single(request, born)
         # SendMessageRequestHeaderV2's one-letter fields. "m" (batch) is what
         # sends the broker down its batch path (SendMessageProcessor checks
         # requestHeader.isBatch(), not the request code); without it the whole
@@ -483,6 +509,31 @@ class BatchProducer:
             "n": request.slot.broker_name,
         }
         return RequestCode.SEND_BATCH_MESSAGE, fields, b"".join(request.entries)
+
+    def _frame_single(self, request: _Request, born: str) -> tuple[int, dict[str, str], bytes]:
+        # A message too large for a batch of one: the broker checks only its body
+        # against maxMessageSize (MessageExtEncoder.encode(MessageExtBrokerInner)).
+        # Its properties go in the header ("i"), with its own UNIQ_KEY as in a batch.
+        # (A caller's property named like a reserved one -- DELAY, TIMER_*,
+        # TRAN_MSG -- takes effect on this path; a batch stores it verbatim.)
+        assert request.single is not None
+        body, properties = request.single
+        fields = {
+            "a": self._group,
+            "b": request.topic,
+            "c": _DEFAULT_TOPIC,
+            "d": _DEFAULT_TOPIC_QUEUES,
+            "e": str(request.slot.queue_id),
+            "f": "0",
+            "g": born,
+            "h": "0",
+            "i": properties,
+            "j": "0",
+            "k": "false",
+            "m": "false",
+            "n": request.slot.broker_name,
+        }
+        return RequestCode.SEND_MESSAGE_V2, fields, body
 
     @staticmethod
     def _record(

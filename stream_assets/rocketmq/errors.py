@@ -22,27 +22,79 @@ class BrokerUnreachableError(RocketMQError):
 
 
 class TopicNotFoundError(RocketMQError):
-    """The topic has no route: it was never created and auto-create is off."""
+    """The name server has no route for the topic.
 
-    def __init__(self, topic: str, namesrv: str) -> None:
+    Its answer (``TOPIC_NOT_EXIST``) does not say why: the topic was never
+    created (this project's brokers do not auto-create topics), or no broker
+    group serving it is registered with the name server right now -- a broker
+    that is down or restarting drops out of the routes until it registers
+    again. The default message says both. A caller that knows the topic
+    existed (an instance riding out an outage) says so with ``existed=True``,
+    and the message then names the unregistered broker instead of asking to
+    create the topic.
+
+    Example::
+
+        >>> e = TopicNotFoundError("orders", "127.0.0.1:9876", existed=True, waited_s=30)
+        >>> "create" in str(e), "unreachable, not registered" in str(e), e.existed
+        (False, True, True)
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        namesrv: str,
+        *,
+        existed: bool = False,
+        waited_s: float | None = None,
+    ) -> None:
         self.topic = topic
-        super().__init__(
-            f"topic {topic!r} does not exist on the name server {namesrv} and the broker "
-            "does not auto-create topics; create it first (RocketMQAdmin.create_topic or "
-            "`stream-assets topic create`)"
-        )
+        self.namesrv = namesrv
+        self.existed = existed
+        waited = f" (still, after {waited_s:.0f}s of retries)" if waited_s is not None else ""
+        if existed:
+            text = (
+                f"the name server {namesrv} has no route for topic {topic!r}{waited}: the "
+                "broker group(s) serving it are unreachable, not registered with the name "
+                "server (down or restarting?). The topic existed; check the brokers "
+                "(`stream-assets broker status`), or whether the topic was deleted meanwhile"
+            )
+        else:
+            text = (
+                f"the name server {namesrv} has no route for topic {topic!r}{waited}: either "
+                "it does not exist (the broker does not auto-create topics; create it with "
+                "`stream-assets topic create` or RocketMQAdmin.create_topic), or no broker "
+                "group serving it is registered with the name server now (down or "
+                "restarting? `stream-assets broker status`)"
+            )
+        super().__init__(text)
+
+    def route_lost(self, waited_s: float | None = None) -> TopicNotFoundError:
+        """The same missing route, for a topic known to have existed: its broker is unreachable."""
+        return TopicNotFoundError(self.topic, self.namesrv, existed=True, waited_s=waited_s)
 
 
 class MessageTooLargeError(RocketMQError):
-    """A message body is larger than the configured limit."""
+    """A message body is larger than the configured limit, the broker's maxMessageSize.
+
+    ``limit`` is the one enforced: ``RocketMQSettings.max_message_size``
+    (STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE). Every body up to it is sent.
+
+    Example::
+
+        >>> print(MessageTooLargeError("t", 4194305, 4194304))  # doctest: +ELLIPSIS
+        message for topic 't' has a 4194305-byte body, over the limit of 4194304 bytes ...
+    """
 
     def __init__(self, topic: str, size: int, limit: int) -> None:
+        self.topic = topic
         self.size = size
         self.limit = limit
         super().__init__(
             f"message for topic {topic!r} has a {size}-byte body, over the limit of "
-            f"{limit} bytes (STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE, which must not exceed "
-            "the broker's maxMessageSize)"
+            f"{limit} bytes set by STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE (bodies up to it are "
+            "sent; it must equal the broker's maxMessageSize, which is what the broker "
+            "checks a body against)"
         )
 
 

@@ -76,8 +76,18 @@ class OutgoingMessage:
 def checked_body(topic: str, body: object, max_size: int) -> bytes:
     """``body`` as bytes, or the error every sender of the project raises for it.
 
+    ``max_size`` is ``RocketMQSettings.max_message_size``, the broker's
+    maxMessageSize: the broker checks a message's body against it, so bodies
+    up to it are accepted and a longer one raises :class:`MessageTooLargeError`
+    naming its size and that limit.
+
     >>> checked_body("t", bytearray(b"x"), 10)
     b'x'
+    >>> try:
+    ...     checked_body("t", b"xyz", 2)
+    ... except MessageTooLargeError as e:
+    ...     (e.size, e.limit, "STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE" in str(e))
+    (3, 2, True)
     """
     if type(body) is not bytes:
         if not isinstance(body, bytearray | memoryview):

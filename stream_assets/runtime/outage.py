@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -76,12 +77,20 @@ def ride_out_outage(
 
     ``step`` must be idempotent. The last error is re-raised once the budget is
     spent (``budget_s=0``: the first one).
+
+    The steps ridden out are a running instance's, on topics that existed when
+    it started; a topic without a route there means its broker group is down
+    or restarting (not registered with the name server), not that the topic
+    was never created. The log says so, and a :class:`TopicNotFoundError`
+    still raised at the end is the same error for a topic known to have
+    existed (:meth:`TopicNotFoundError.route_lost`), which names the
+    unreachable broker instead of asking to create the topic.
     """
 
     def announce(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log(
-            f"{what}: broker unavailable ({exc}); retry {state.attempt_number} "
+            f"{what}: {_outage_cause(exc)}; retry {state.attempt_number} "
             f"after {state.seconds_since_start:.1f}s of {budget_s:.0f}s"
         )
 
@@ -92,4 +101,20 @@ def ride_out_outage(
         before_sleep=announce,
         reraise=True,
     )
-    return retrying(step)
+    began = time.monotonic()
+    try:
+        return retrying(step)
+    except TopicNotFoundError as exc:
+        if exc.existed or type(exc) is not TopicNotFoundError:
+            raise  # already says it, or a subclass that knows better
+        raise exc.route_lost(time.monotonic() - began) from exc
+
+
+def _outage_cause(exc: BaseException | None) -> str:
+    """What a retry log line says went wrong."""
+    if isinstance(exc, TopicNotFoundError):
+        return (
+            f"the name server {exc.namesrv} has no route for topic {exc.topic!r} now "
+            "(its broker group restarting or down, not registered with the name server?)"
+        )
+    return f"broker unavailable ({exc})"

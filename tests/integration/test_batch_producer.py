@@ -28,9 +28,10 @@ from stream_assets.rocketmq.errors import (
     TopicNotFoundError,
 )
 from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.rocketmq.message_codec import encode_message
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record, SendReceipt
-from stream_assets.rocketmq.remoting import RemotingCommand, RemotingConnection
+from stream_assets.rocketmq.remoting import RemotingCommand, RemotingConnection, RequestCode
 from stream_assets.settings import RocketMQSettings
 from tests.integration._util import wait_for
 
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.integration
 
 QUEUES = 8
 TOTAL = 5_000
+SYSTEM_ERROR = 1
 SYSTEM_BUSY = 2
 MESSAGE_ILLEGAL = 13
 
@@ -274,16 +276,142 @@ def test_oversize_message_is_refused_before_anything_is_sent(
     client_settings: RocketMQSettings, admin: RocketMQAdmin, spy: CallSpy
 ) -> None:
     topic = new_topic(admin, "batch-big", queues=1)
-    with BatchProducer(client_settings, admin, max_request_bytes=1_000) as producer:
-        messages = [OutgoingMessage(topic, b"a"), OutgoingMessage(topic, b"b" * 1_000)]
-        with pytest.raises(MessageTooLargeError) as err:
-            producer.send_all(messages)
-        assert err.value.limit == 1_000
-        small = client_settings.model_copy(update={"max_message_size": 10})
-    with BatchProducer(small, admin) as producer, pytest.raises(MessageTooLargeError):
+    small = client_settings.model_copy(update={"max_message_size": 10})
+    with BatchProducer(small, admin) as producer, pytest.raises(MessageTooLargeError) as err:
         producer.send_all([OutgoingMessage(topic, b"a"), OutgoingMessage(topic, b"b" * 11)])
+    assert (err.value.size, err.value.limit) == (11, 10)
     assert spy.calls == []
     assert admin.max_offset(admin.queues(topic)[0]) == 0
+
+
+# -- message size: the broker's maxMessageSize is the one limit --------------------------
+
+
+def big_body(i: int, size: int) -> bytes:
+    """``size`` bytes naming message ``i`` (for index_of), then every byte value in turn."""
+    head = f"{i}:".encode()
+    filler = bytes(range(256)) * (size // 256 + 1)
+    return head + filler[: size - len(head)]
+
+
+def test_body_just_under_the_brokers_limit_is_stored_byte_identical(
+    producer: BatchProducer, admin: RocketMQAdmin, spy: CallSpy
+) -> None:
+    # 4 190 000 bytes: the broker takes it; the producer used to refuse it
+    # against its own request cap (4 177 920), not the 4 194 304 of the setting.
+    assert producer.settings.max_message_size == 4_194_304
+    topic = new_topic(admin, "batch-near-limit", queues=1)
+    body = big_body(0, 4_190_000)
+    (receipt,) = producer.send_all([OutgoingMessage(topic, body, key="near", tags="big")])
+    ((record,),) = read_topic(admin, topic, 1).values()
+    assert record.body == body
+    assert (record.queue_offset, record.msg_id) == (receipt.queue_offset, receipt.msg_id)
+    assert (record.keys, record.tags) == (("near",), "big")
+    ((fields,),) = spy.calls
+    assert fields["m"] == "true"  # a batch (of one) is within the broker's batch limit
+
+
+def test_body_of_exactly_the_brokers_limit_is_stored_byte_identical(
+    producer: BatchProducer, admin: RocketMQAdmin, spy: CallSpy
+) -> None:
+    limit = producer.settings.max_message_size
+    topic = new_topic(admin, "batch-at-limit", queues=1)
+    body = big_body(0, limit)
+    (receipt,) = producer.send_all(
+        [OutgoingMessage(topic, body, key="exact", properties={"p": "ä✓"})]
+    )
+    ((record,),) = read_topic(admin, topic, 1).values()
+    assert len(record.body) == limit and record.body == body
+    assert (record.queue_offset, record.msg_id) == (receipt.queue_offset, receipt.msg_id)
+    assert record.keys == ("exact",) and record.properties["p"] == "ä✓"
+    ((fields,),) = spy.calls
+    # Its batch entry would be over maxMessageSize: it went as a single message.
+    assert fields["m"] == "false"
+
+
+def test_one_byte_over_the_limit_is_refused_before_sending_naming_the_setting(
+    producer: BatchProducer, admin: RocketMQAdmin, spy: CallSpy
+) -> None:
+    topic = new_topic(admin, "batch-over-limit", queues=1)
+    with pytest.raises(MessageTooLargeError) as err:
+        producer.send_all(
+            [OutgoingMessage(topic, b"fine"), OutgoingMessage(topic, big_body(1, 4_194_305))]
+        )
+    text = str(err.value)
+    assert (err.value.size, err.value.limit) == (4_194_305, 4_194_304)
+    assert "4194305-byte body" in text and "4194304 bytes" in text
+    assert "STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE" in text
+    assert spy.calls == []
+    assert admin.max_offset(admin.queues(topic)[0]) == 0
+
+
+@pytest.mark.parametrize("request_cap", [None, 64 * 1024], ids=["default-cap", "64KiB-cap"])
+def test_large_and_small_messages_keep_each_queues_order(
+    client_settings: RocketMQSettings, admin: RocketMQAdmin, spy: CallSpy, request_cap: int | None
+) -> None:
+    limit = client_settings.max_message_size
+    topic = new_topic(admin, "batch-mixed-sizes", queues=2)
+    sizes = {3: 4_190_000, 8: limit, 9: 1_500_000, 14: limit, 15: 3_000_000, 20: 4_100_000}
+    messages = [
+        OutgoingMessage(
+            topic,
+            big_body(i, sizes[i]) if i in sizes else body_for(i),
+            key=f"k{i}",
+            queue_id=(i // 2) % 2,
+        )
+        for i in range(30)
+    ]
+    # With a small request cap, every large message is over it: none is refused.
+    with BatchProducer(client_settings, admin, max_request_bytes=request_cap) as producer:
+        receipts = producer.send_all(messages)
+    read = read_topic(admin, topic, len(messages))
+    found = check_stored_as_receipted(read, receipts, len(messages))
+    check_input_order_per_queue(read)
+    for i, m in enumerate(messages):
+        assert found[i].body == m.body and found[i].queue_id == m.queue_id
+    singles = [f for call in spy.calls for f in call if f["m"] == "false"]
+    assert len(singles) == 2  # the two bodies of exactly the limit
+    assert all(len({f["e"] for f in call}) == len(call) for call in spy.calls)
+
+
+def test_what_the_broker_itself_enforces(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
+    """The broker (5.3.3, MessageExtEncoder): a batch's whole body <= maxMessageSize;
+    a single message's body <= maxMessageSize. Neither over-limit request is stored."""
+    limit = client_settings.max_message_size
+    topic = new_topic(admin, "batch-broker-limits", queues=1)
+    (queue,) = admin.queues(topic)
+    common = {
+        "a": "it-limits",
+        "b": topic,
+        "c": "TBW102",
+        "d": "4",
+        "e": "0",
+        "f": "0",
+        "g": "0",
+        "h": "0",
+        "j": "0",
+        "k": "false",
+        "n": queue.broker_name,
+    }
+    entry = encode_message(b"x" * limit)  # body at the limit: the entry is 22 bytes over
+    conn = RemotingConnection(admin.broker_addr(queue), timeout_s=30.0)
+    try:
+        batch = conn.call(RequestCode.SEND_BATCH_MESSAGE, common | {"m": "true"}, entry)
+        single = conn.call(
+            RequestCode.SEND_MESSAGE_V2, common | {"m": "false", "i": ""}, b"x" * (limit + 1)
+        )
+        stored = conn.call(
+            RequestCode.SEND_MESSAGE_V2, common | {"m": "false", "i": ""}, b"x" * limit
+        )
+    finally:
+        conn.close()
+    assert batch.code == SYSTEM_ERROR and "message body size exceeded" in (batch.remark or "")
+    assert single.code == MESSAGE_ILLEGAL and f"limit {limit}B" in (single.remark or "")
+    assert stored.code == 0 and stored.ext_fields["queueOffset"] == "0"
+    wait_for(lambda: admin.max_offset(queue) == 1, 10.0, "the stored message to be indexed")
+    assert admin.max_offset(queue) == 1
 
 
 @pytest.mark.parametrize(
