@@ -145,6 +145,8 @@ class _Request:
 
     topic: str
     slot: _Slot
+    #: The slot's position: the queue index the messages were routed to.
+    index: int
     positions: list[int] = field(default_factory=list)
     entries: list[bytes] = field(default_factory=list)
     msg_ids: list[str] = field(default_factory=list)
@@ -387,7 +389,7 @@ class BatchProducer:
             # An entry over ``limit`` always starts a request, and no other joins it
             # (its size is over ``limit`` too).
             if request is None or request.size + size > limit or len(request.entries) >= max_count:
-                request = _Request(topic, slots[index])
+                request = _Request(topic, slots[index], index)
                 pending.append(request)
                 if size > body_limit:
                     request.single = (body, text)
@@ -541,16 +543,23 @@ class BatchProducer:
     ) -> None:
         try:
             first = int(reply.ext_fields["queueOffset"])
-            queue_id = int(reply.ext_fields.get("queueId", request.slot.queue_id))
+            stored_in = int(reply.ext_fields.get("queueId", request.slot.queue_id))
         except (KeyError, ValueError) as exc:
             raise SendError(
                 f"send to {request.describe()}: the broker's answer has no queue offset "
                 f"({reply.ext_fields})"
             ) from exc
+        if stored_in != request.slot.queue_id:
+            raise SendError(
+                f"send to {request.describe()}: the broker stored it in queue {stored_in}"
+            )
         # The broker stores a batch contiguously and answers with the offset of
         # its first message (CommitLog's batch append: beginQueueOffset).
+        broker = request.slot.broker_name
         for j, position in enumerate(request.positions):
-            receipts[position] = SendReceipt(request.topic, queue_id, first + j, request.msg_ids[j])
+            receipts[position] = SendReceipt(
+                request.topic, request.index, first + j, request.msg_ids[j], broker
+            )
 
 
 def _check_value(name: str, value: str) -> None:

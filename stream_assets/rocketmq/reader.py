@@ -70,7 +70,8 @@ class QueueReader:
 
     def pull(self, queue: MessageQueue, offset: int, max_messages: int | None = None) -> PullBatch:
         """Read up to ``max_messages`` records of ``queue`` starting at ``offset``."""
-        addr = self.admin.broker_addr(queue)
+        # The master, else the group's slave (which serves pulls alike).
+        addr = self.admin.read_addr(queue)
         reply = self._pool.get(addr, f"broker {queue.broker_name}").call(
             RequestCode.PULL_MESSAGE,
             {

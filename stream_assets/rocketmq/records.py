@@ -40,12 +40,19 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class SendReceipt:
-    """Where a sent message was stored."""
+    """Where a sent message was stored.
+
+    ``queue_id`` is the queue *index* the producer chose (``queue_id`` given,
+    key hash, round-robin) over the topic's queues in layout order; with one
+    broker group that is the queue's id. ``broker_name`` says which group
+    stored it ("" where the client does not tell).
+    """
 
     topic: str
     queue_id: int
     queue_offset: int
     msg_id: str
+    broker_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
