@@ -247,6 +247,7 @@ def _supervise(
         if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
             return "cancelled"
         inst.check_failed()
+        inst.commit_waiting()
         state = desired.get(config.topology)
         reason = follower.step(state)
         if reason is not None:

@@ -301,7 +301,8 @@ class RocketMQAdmin:
         wait_s: float = 30.0,
         spread: bool = False,
     ) -> TopicRoute:
-        """Create or update ``topic`` with ``queues`` read and write queues on every master.
+        """Create or update ``topic`` with ``queues`` read and write queues on every master
+        (and on its slaves, which can serve reads of it at once).
 
         With ``spread``, ``queues`` is the topic's total instead, laid out by
         :func:`spread_queues` over the masters (how the engine creates its own
@@ -313,25 +314,30 @@ class RocketMQAdmin:
         validate_topic_name(topic)
         if queues <= 0:
             raise ValueError(f"topic {topic!r}: queue count must be positive, got {queues}")
-        masters = self.master_brokers(cluster)
+        nodes = self.cluster_brokers(cluster)
+        masters = {name: ids[0] for name, ids in nodes.items() if 0 in ids}
         if not masters:
             raise RocketMQError(f"no master broker is registered with {self.settings.namesrv_addr}")
         counts = spread_queues(queues, masters) if spread else dict.fromkeys(masters, queues)
         for name, count in counts.items():
-            reply = self._pool.get(masters[name], f"broker {name}").call(
-                RequestCode.UPDATE_AND_CREATE_TOPIC,
-                {
-                    "topic": topic,
-                    "defaultTopic": "TBW102",
-                    "readQueueNums": str(count),
-                    "writeQueueNums": str(count),
-                    "perm": str(_PERM_READ_WRITE),
-                    "topicFilterType": "SINGLE_TAG",
-                    "topicSysFlag": "0",
-                    "order": "false",
-                },
-            )
-            self._check(reply, f"create topic {topic!r} on broker {name}")
+            # Slaves too: a slave copies its master's topic configs only every 60 s,
+            # and until then refuses reads of the topic (TOPIC_NOT_EXIST) -- the
+            # very reads it is there for while its master is down.
+            for broker_id, addr in sorted(nodes[name].items()):
+                reply = self._pool.get(addr, f"broker {name}").call(
+                    RequestCode.UPDATE_AND_CREATE_TOPIC,
+                    {
+                        "topic": topic,
+                        "defaultTopic": "TBW102",
+                        "readQueueNums": str(count),
+                        "writeQueueNums": str(count),
+                        "perm": str(_PERM_READ_WRITE),
+                        "topicFilterType": "SINGLE_TAG",
+                        "topicSysFlag": "0",
+                        "order": "false",
+                    },
+                )
+                self._check(reply, f"create topic {topic!r} on broker {name} (id {broker_id})")
         deadline = time.monotonic() + wait_s
         while True:
             try:

@@ -35,7 +35,7 @@ from stream_assets.control.topics import check_topology_credentials, provision_t
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.errors import BrokerUnreachableError
+from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundError
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
@@ -137,6 +137,7 @@ class Instance:
         self._layouts: dict[str, TopicLayout] = {}
         #: Offsets a broker group without a master could not store yet; sent with the next commit.
         self._deferred: dict[MessageQueue, int] = {}
+        self._commit_lock = threading.Lock()
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
@@ -445,23 +446,36 @@ class Instance:
         de-duplication and the sinks' deterministic keys absorb.
         """
         layout = self._layouts[stage.input_topic]
-        ends = {layout.queue(int(row["queue_id"])): int(row["end_offset"]) for row in rows}
-        pending = {q: o for q, o in self._deferred.items() if q.topic == stage.input_topic}
-        pending.update(ends)
-        by_group: dict[str, dict[MessageQueue, int]] = {}
-        for queue, offset in pending.items():
-            by_group.setdefault(queue.broker_name, {})[queue] = offset
-        for broker, offsets in by_group.items():
-            # Every queue of a group in one round trip; repeating it (outage riding) is safe.
-            try:
-                self._admin.commit_consumer_offsets(self.group, offsets)
-            except BrokerUnreachableError as exc:
-                if not any(q in self._deferred for q in offsets):
-                    self.progress(f"stage {stage.index}: offsets on {broker} wait ({exc})")
-                self._deferred.update(offsets)
-                continue
-            for queue in offsets:
-                self._deferred.pop(queue, None)
+        self._commit_offsets(
+            {layout.queue(int(row["queue_id"])): int(row["end_offset"]) for row in rows}
+        )
+
+    def _commit_offsets(self, ends: dict[MessageQueue, int]) -> None:
+        """Commit ``ends`` and any offsets still waiting, a round trip per broker group;
+        a group that cannot store them now keeps them waiting (:attr:`_deferred`)."""
+        with self._commit_lock:
+            by_group: dict[str, dict[MessageQueue, int]] = {}
+            for queue, offset in {**self._deferred, **ends}.items():
+                by_group.setdefault(queue.broker_name, {})[queue] = offset
+            for broker, offsets in by_group.items():
+                # Repeating a commit (outage riding) is safe.
+                try:
+                    self._admin.commit_consumer_offsets(self.group, offsets)
+                except (BrokerUnreachableError, TopicNotFoundError) as exc:
+                    if not any(q in self._deferred for q in offsets):
+                        self.progress(f"offsets on broker group {broker} wait: {exc}")
+                    self._deferred.update(offsets)
+                    continue
+                for queue in offsets:
+                    self._deferred.pop(queue, None)
+
+    def commit_waiting(self) -> int:
+        """Commit the offsets a broker group could not store when their batch ended
+        (nothing else commits them while no new input arrives); returns how many
+        still wait."""
+        if self._deferred:
+            self._commit_offsets({})
+        return len(self._deferred)
 
     def _record(self, stage: int, rows: list[dict[str, Any]], seconds: float) -> None:
         with self._lock:
@@ -507,7 +521,7 @@ class Instance:
             ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
             for q in queues:
-                floor = self._deferred.get(q, committed[q])
+                floor = committed[q]
                 if floor is None:
                     floor = ranges[q].min_offset
                 per_queue[layout.index(q)] = max(0, ranges[q].max_offset - floor)
@@ -576,6 +590,7 @@ class Instance:
         while True:
             self.check_failed()
             try:
+                self.commit_waiting()
                 lag: dict[str, int] = self.lag()
             except TRANSIENT as exc:  # a restarting broker: not caught up yet
                 lag = {f"unknown ({exc})": 1}
@@ -602,6 +617,14 @@ class Instance:
                 time.sleep(0.05)
             query.stop()
         self._queries.clear()
+        try:
+            left = self.commit_waiting()
+        except TRANSIENT as exc:
+            left = len(self._deferred)
+            self.progress(f"offsets still waiting at the stop: {exc}")
+        if left:
+            # Not lost: the next start replays from the older offsets (de-duplicated).
+            self.progress(f"{left} queues' offsets could not be committed at the stop")
         if self.engine.state_dir:
             # Python workers keep stores open between batches (and outlive the
             # queries while the SparkSession stays): hand them back, so the

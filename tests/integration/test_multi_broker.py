@@ -35,6 +35,7 @@ from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, Respons
 from stream_assets.runtime.instance import Instance
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import RocketMQSettings
+from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import (
     final_counts,
     latest_by_message_key,
@@ -263,32 +264,44 @@ def test_a_killed_master_reads_go_on_from_its_slave_and_nothing_is_lost_or_doubl
     wc = cluster_engine.start(
         cluster_engine.instance(wordcount.build(counts_job, source, counted), tmp_path / "wc")
     )
-    copy = cluster_engine.start(
-        cluster_engine.instance(_passthrough(copy_job, source, copied), tmp_path / "copy")
-    )
-    wc.await_caught_up(CATCH_UP_S)
-    copy.await_caught_up(CATCH_UP_S)
+    # The copy runs in a process (and SparkSession) of its own, as another
+    # deployment would: the wordcount's tasks waiting for the master must not
+    # be what holds its task slots.
+    spec = {
+        "topology": f"{__name__}:_passthrough",
+        "topology_kwargs": {"job": copy_job, "source": source, "sink": copied},
+        "rocketmq": json.loads(cluster_settings.revealed_json()),
+        "engine": {"state_dir": str(tmp_path / "copy"), "trigger_interval_ms": 300},
+    }
+    with DriverProcess(spec, log_dir=tmp_path / "copy-driver") as copy:
+        copy.wait_started(240)
+        wc.await_caught_up(CATCH_UP_S)
+        copy.await_caught_up(CATCH_UP_S)
 
-    _send_lines(cluster_settings, source, second, "two")
-    on_a = [q for q in current_layout(cluster_admin, source).queues if q.broker_name == "broker-a"]
-    wait_until(lambda: _slave_caught_up(cluster, source, on_a), 150, "the slave replicated")
-    second_on_a = _message_keys(cluster_admin, on_a, prefix="two-")
-    assert second_on_a, "some of the second part is stored on broker-a"
-    killed_at = time.monotonic()
-    cluster.kill("broker-a", "master")
+        _send_lines(cluster_settings, source, second, "two")
+        on_a = [
+            q for q in current_layout(cluster_admin, source).queues if q.broker_name == "broker-a"
+        ]
+        wait_until(lambda: _slave_caught_up(cluster, source, on_a), 150, "the slave replicated")
+        second_on_a = _message_keys(cluster_admin, on_a, prefix="two-")
+        assert second_on_a, "some of the second part is stored on broker-a"
+        killed_at = time.monotonic()
+        cluster.kill("broker-a", "master")
 
-    # Reads of broker-a's queues go on from the slave: the stateless copy
-    # writes them (to broker-b's sink queues) while the master is still down.
-    def copied_from_a() -> bool:
-        return second_on_a <= {json.loads(r.body)["msg"] for r in read_topic(cluster_admin, copied)}
+        # Reads of broker-a's queues go on from the slave: the stateless copy
+        # writes them (to broker-b's sink queues) while the master is still down.
+        def copied_from_a() -> bool:
+            stored = read_topic(cluster_admin, copied)
+            return second_on_a <= {json.loads(r.body)["msg"] for r in stored}
 
-    wait_until(copied_from_a, 120, "broker-a's records copied from its slave")
-    resumed_s = time.monotonic() - killed_at
-    assert not cluster.status().node("broker-a", "master").serving
+        wait_until(copied_from_a, 120, "broker-a's records copied from its slave")
+        resumed_s = time.monotonic() - killed_at
+        assert not cluster.status().node("broker-a", "master").serving
 
-    cluster.start_node("broker-a", "master")
-    wc.await_caught_up(CATCH_UP_S)
-    copy.await_caught_up(CATCH_UP_S)
+        cluster.start_node("broker-a", "master")
+        wc.await_caught_up(CATCH_UP_S)
+        copy.await_caught_up(CATCH_UP_S)
+        copy.stop(180)
     words = collections.Counter(w for line in first + second for w in line.split())
     assert final_counts(read_topic(cluster_admin, counted)) == dict(words)
     copies = read_topic(cluster_admin, copied)
