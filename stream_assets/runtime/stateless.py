@@ -71,7 +71,7 @@ def run_source_batch(
         try:
             value = source.deserializer(record.body)
         except Exception as exc:
-            dead_letter(ctx, sender, stats, record, source.op_id, exc)
+            dead_letter(ctx, sender, stats, record, source.op_id, exc, outputs.origin)
             continue
         ts = record.born_timestamp
         try:
@@ -88,7 +88,7 @@ def run_source_batch(
                 shuffle.fold(k)
                 keyed.append(k)
         except UserFunctionError as err:
-            dead_letter(ctx, sender, stats, record, err.op_id, err.cause)
+            dead_letter(ctx, sender, stats, record, err.op_id, err.cause, outputs.origin)
             continue
         for i in exits:
             if keyed[i]:

@@ -218,7 +218,7 @@ def ensure_current(
         except StateError:
             pass  # the tail does not continue this store's history: restore in full
     store.wipe()
-    return restore_queue(store, queue.topic, queue.queue_id, admin, reader, progress)
+    return restore_from(store, queue, admin, reader, progress)
 
 
 def _catch_up(
@@ -248,7 +248,7 @@ def _catch_up(
     replay.report()
     store.update_meta(replace(store.meta, log_end=end))
     return RestoreResult(
-        queue_id=queue.queue_id,
+        queue_id=store.queue_id,
         keys=replay.keys,
         seq=store.meta.seq,
         messages_read=replay.messages,
@@ -283,10 +283,21 @@ def restore_queue(
         >>> result.keys, result.seq  # doctest: +SKIP
         (10000, 812)
     """
+    return restore_from(store, state_queue(admin, state_topic, queue_id), admin, reader, progress)
+
+
+def restore_from(
+    store: QueueStateStore,
+    queue: MessageQueue,
+    admin: RocketMQAdmin,
+    reader: QueueReader,
+    progress: ProgressCallback | None = None,
+) -> RestoreResult:
+    """:func:`restore_queue` from the state queue itself (the store's index resolved)."""
     started = time.perf_counter()
     if not store.is_empty():
         raise StateRestoreError(f"restore needs an empty store; wipe() {store.path} first")
-    queue = state_queue(admin, state_topic, queue_id)
+    queue_id = store.queue_id
     last, low, high = _last_record(admin, reader, queue)
     replay = _Replay(store, reader, queue, high, progress)
     snapshot = None if last is None else last.snap
@@ -376,7 +387,7 @@ class _Replay:
         if self.progress is not None:
             self.progress(
                 RestoreProgress(
-                    self.queue.queue_id, self.messages, self.total, self.bytes, self.keys
+                    self.store.queue_id, self.messages, self.total, self.bytes, self.keys
                 )
             )
 

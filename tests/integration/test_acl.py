@@ -30,7 +30,7 @@ from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq import acl
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer
-from stream_assets.rocketmq.errors import CredentialsRefusedError, RemotingError
+from stream_assets.rocketmq.errors import CredentialsRefusedError
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import OutgoingMessage
@@ -180,7 +180,8 @@ def test_non_admin_with_the_documented_grants_does_what_the_engine_does(
         assert app.admin.group_offsets(f"{job}-planned", source)[queues[0]] == 3
         assert receipt.queue_offset == 0
         # And nothing beyond the grants: another topic, or publishing to the source.
-        with pytest.raises(RemotingError, match="code 16"):
+        # Any refused admin call names the user and what to fix, like the check.
+        with pytest.raises(CredentialsRefusedError, match=r"create topic.*no permission"):
             app.admin.create_topic(f"not-{job}", 1)
         with pytest.raises(CredentialsRefusedError, match=r"send \(SEND_MESSAGE_V2\)"):
             acl.check_credentials(app.admin, [], job, publish=[source])
@@ -215,9 +216,9 @@ def test_wrong_secret_is_refused_within_seconds_and_named_without_the_secret(
         assert not caught.value.missing_grant
         _assert_no_secret(rotated, caught.value)
         # The control plane's own error of a refused call holds no secret either.
-        with pytest.raises(RemotingError, match="code 16") as remoting:
+        with pytest.raises(CredentialsRefusedError, match="check signature failed") as refused:
             wrong.topic_offsets(topology.source_topic)
-        _assert_no_secret(rotated, remoting.value)
+        _assert_no_secret(rotated, refused.value)
     # A user the broker does not know, and a client without credentials.
     with RocketMQAdmin(_settings(acl_broker, "nobody-" + app.user, rotated)) as unknown:
         with pytest.raises(CredentialsRefusedError, match="is not found") as caught:
@@ -297,3 +298,34 @@ def test_wordcount_as_a_non_admin_equals_counter(
         for path in folder.rglob("*") if folder.exists() else []:
             if path.is_file():
                 assert app.secret.encode() not in path.read_bytes(), f"secret in {path}"
+
+
+def test_an_instance_with_a_rotated_secret_fails_before_spark_and_leaves_no_secret(
+    acl_broker: LocalBroker, root: RocketMQAdmin, tmp_path: Path
+) -> None:
+    _, topology = _job("acl-start")
+    root.create_topic(topology.source_topic, 2)
+    app = App(acl_broker, root, acl.topology_grants(topology))
+    app.admin.close()
+    rotated = f"rotated-{uuid.uuid4().hex}"
+    harness = EngineHarness(_settings(acl_broker, app.user, rotated))
+    inst = harness.instance(topology, tmp_path / "state")
+    started = time.monotonic()
+    try:
+        with pytest.raises(CredentialsRefusedError) as caught:
+            harness.start(inst)
+    finally:
+        harness.stop_all()
+        inst.close()
+    took = time.monotonic() - started
+    assert took < FAIL_FAST_S, f"the refusal took {took:.1f}s"
+    assert inst._spark is None, "Spark was started for an instance whose user is refused"
+    text = str(caught.value)
+    assert repr(app.user) in text and "STREAM_ASSETS_ROCKETMQ_SECRET_KEY" in text
+    _assert_no_secret(rotated, caught.value)
+    # Nothing was provisioned with the refused user, and no file holds the secret.
+    assert not root.topic_exists(topology.shuffle_topics[0])
+    for folder in (local_dir() / "checkpoints", tmp_path):
+        for path in folder.rglob("*") if folder.exists() else []:
+            if path.is_file():
+                assert rotated.encode() not in path.read_bytes(), f"secret in {path}"

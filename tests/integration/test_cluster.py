@@ -92,10 +92,11 @@ def _spec(
     }
 
 
-def _state_histories(admin: RocketMQAdmin, state_topic: str) -> dict[int, dict[str, Any]]:
-    """Per state queue: the seqs of its valid deltas in offset order, writers, void count."""
+def _state_histories(admin: RocketMQAdmin, state_topic: str) -> dict[str, dict[str, Any]]:
+    """Per state queue (``broker:id``): the seqs of its valid deltas in offset order,
+    writers, void count."""
     reader = QueueReader(admin, group=unique("it-cluster-state"))
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
     try:
         for queue in admin.queues(state_topic):
             seqs: list[int] = []
@@ -110,7 +111,11 @@ def _state_histories(admin: RocketMQAdmin, state_topic: str) -> dict[int, dict[s
                     seqs.append(decoded.seq)
                     if decoded.meta is not None:
                         writers.add(decoded.meta.writer)
-            out[queue.queue_id] = {"seqs": seqs, "writers": writers, "voids": voids}
+            out[f"{queue.broker_name}:{queue.queue_id}"] = {
+                "seqs": seqs,
+                "writers": writers,
+                "voids": voids,
+            }
     finally:
         reader.close()
     return out

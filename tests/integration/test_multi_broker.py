@@ -25,7 +25,7 @@ import pytest
 from stream_assets.broker.cluster import LocalCluster
 from stream_assets.control.allocation import allocate, topology_queues
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples import windowed_sum, wordcount
+from stream_assets.examples import ad_join, windowed_sum, wordcount
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
@@ -35,6 +35,7 @@ from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, Respons
 from stream_assets.runtime.instance import Instance
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import RocketMQSettings
+from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import (
     final_counts,
@@ -43,7 +44,14 @@ from tests.integration._engine_util import (
     unique,
     wait_until,
 )
+from tests.integration._load import cpu_hog
 from tests.integration.conftest import EngineHarness
+from tests.integration.test_cluster import (
+    _assert_one_history_per_queue,
+    _driver_settings,
+    _report_state_costs,
+    _spec,
+)
 from tests.integration.test_engine import (
     BASE_TS,
     KEYS,
@@ -419,3 +427,95 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
             inst.await_caught_up(CATCH_UP_S)
         assert final_counts(read_topic(cluster_admin, sink)) == dict(words), f"after {count}"
     _assert_fully_committed(cluster_admin, job, source)
+
+
+# -- a windowed join on the 2-worker Spark cluster, two broker groups, CPU load ---------
+
+
+def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
+    spark_cluster: SparkCluster,  # noqa: F811
+    cluster_admin: RocketMQAdmin,
+    cluster_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """Two workers that cannot see each other's disks, both topics on both groups,
+    the machine's CPUs busy: the join equals the reference from the input."""
+    job = unique("it-mb-join")
+    shown, clicked, sink = f"{job}-imp", f"{job}-clk", f"{job}-out"
+    layouts = {}
+    for topic in (shown, clicked):
+        cluster_admin.create_topic(topic, 2)  # 2 per group: 4 queues
+        layouts[topic] = current_layout(cluster_admin, topic)
+        assert layouts[topic].brokers == GROUPS
+    settings = _driver_settings(cluster_settings)
+    rnd = random.Random(71)
+    ads, users = [f"ad{i}" for i in range(5)], [f"u{i}" for i in range(8)]
+
+    def events(count: int, step_ms: int) -> dict[int, list[dict[str, Any]]]:
+        """Per queue index, events in time order but for a jitter below the lateness."""
+        out: dict[int, list[dict[str, Any]]] = {q: [] for q in range(4)}
+        for i in range(count):
+            ts = BASE_TS + i * step_ms - rnd.randint(0, 2_000)
+            out[i % 4].append({"ad": rnd.choice(ads), "user": rnd.choice(users), "ts": ts})
+        return out
+
+    impressions, clicks = events(600, 100), events(200, 300)
+    window = 10_000
+    clicks_at: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
+    for c in (c for q in clicks.values() for c in q):
+        clicks_at[(c["ad"], c["user"], c["ts"] - c["ts"] % window)].append(c["ts"])
+    expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    for imp in (i for q in impressions.values() for i in q):
+        matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window), [])
+        for at in matches or [None]:
+            expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
+    spec = _spec(
+        spark_cluster,
+        settings,
+        "stream_assets.examples.ad_join:build",
+        {
+            "job_id": job,
+            "impressions": shown,
+            "clicks": clicked,
+            "sink": sink,
+            "window_s": window // 1000,
+            "idle_timeout_s": 3,
+        },
+    )
+
+    def joined() -> collections.Counter[tuple[Any, ...]]:
+        seen = {r.keys[-1]: json.loads(r.body) for r in read_topic(cluster_admin, sink)}
+        return collections.Counter(
+            (v["ad"], v["user"], v["shown_at"], v["clicked_at"]) for v in seen.values()
+        )
+
+    with cpu_hog(2), DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
+        driver.wait_started(300)
+        with BatchProducer(settings) as producer:
+            producer.pin(layouts.values())  # queue_id = layout index, on both groups
+            for topic, per_queue in ((shown, impressions), (clicked, clicks)):
+                producer.send_all(
+                    [
+                        OutgoingMessage(topic, json.dumps(e).encode(), queue_id=q)
+                        for q, evs in per_queue.items()
+                        for e in evs
+                    ]
+                )
+        wait_until(
+            lambda: sum(joined().values()) >= sum(expected.values()),
+            CATCH_UP_S * 2,
+            "every impression joined",
+            poll_s=1.0,
+        )
+        driver.await_caught_up(CATCH_UP_S)
+        metrics = driver.stop(180)["metrics"]
+
+    assert joined() == expected
+    assert metrics["2"]["totals"]["late"] == 0
+    (state_topic,) = ad_join.build(job, shown, clicked, sink).state_topics
+    _assert_spread(cluster_admin, ad_join.build(job, shown, clicked, sink), 4)
+    voids = _assert_one_history_per_queue(cluster_admin, state_topic)
+    _report_state_costs(
+        report, "ad join on two workers over two broker groups", metrics["2"], voids
+    )
