@@ -51,7 +51,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StructField, StructType
 
 from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets, RocketMQAdmin
-from stream_assets.rocketmq.errors import BrokerUnreachableError
+from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.runtime.outage import ride_out_outage, stderr_log
 from stream_assets.settings import RocketMQSettings
@@ -287,7 +287,8 @@ class RocketMQStreamReader(DataSourceStreamReader):
         for broker, on_broker in by_group.items():
             try:
                 found.update(self._admin.topic_offsets(topic, on_broker))
-            except BrokerUnreachableError as exc:
+            except (BrokerUnreachableError, RemotingError) as exc:
+                # RemotingError: e.g. a slave that has not learnt the topic yet.
                 if (topic, broker) not in self._down:
                     self._down.add((topic, broker))
                     stderr_log(f"source {topic}: {exc}; its queues wait, the others go on")
