@@ -490,8 +490,6 @@ class BatchProducer:
         return {addr: f.result() for addr, f in futures.items()}
 
     def _frame(self, request: _Request, born: str) -> tuple[int, dict[str, str], bytes]:
-        if request.single is not None:
-            return self._frame_single(request, born)
         # SendMessageRequestHeaderV2's one-letter fields. "m" (batch) is what
         # sends the broker down its batch path (SendMessageProcessor checks
         # requestHeader.isBatch(), not the request code); without it the whole
@@ -510,32 +508,15 @@ class BatchProducer:
             "m": "true",
             "n": request.slot.broker_name,
         }
-        return RequestCode.SEND_BATCH_MESSAGE, fields, b"".join(request.entries)
-
-    def _frame_single(self, request: _Request, born: str) -> tuple[int, dict[str, str], bytes]:
+        if request.single is None:
+            return RequestCode.SEND_BATCH_MESSAGE, fields, b"".join(request.entries)
         # A message too large for a batch of one: the broker checks only its body
         # against maxMessageSize (MessageExtEncoder.encode(MessageExtBrokerInner)).
         # Its properties go in the header ("i"), with its own UNIQ_KEY as in a batch.
         # (A caller's property named like a reserved one -- DELAY, TIMER_*,
         # TRAN_MSG -- takes effect on this path; a batch stores it verbatim.)
-        assert request.single is not None
         body, properties = request.single
-        fields = {
-            "a": self._group,
-            "b": request.topic,
-            "c": _DEFAULT_TOPIC,
-            "d": _DEFAULT_TOPIC_QUEUES,
-            "e": str(request.slot.queue_id),
-            "f": "0",
-            "g": born,
-            "h": "0",
-            "i": properties,
-            "j": "0",
-            "k": "false",
-            "m": "false",
-            "n": request.slot.broker_name,
-        }
-        return RequestCode.SEND_MESSAGE_V2, fields, body
+        return RequestCode.SEND_MESSAGE_V2, {**fields, "i": properties, "m": "false"}, body
 
     @staticmethod
     def _record(

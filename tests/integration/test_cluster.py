@@ -348,6 +348,45 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
     _report_state_costs(report, f"windowed sum from {package}", metrics["1"], voids)
 
 
+def ad_join_case(
+    seed: int, queues: int, window_ms: int
+) -> tuple[
+    dict[int, list[dict[str, Any]]],
+    dict[int, list[dict[str, Any]]],
+    collections.Counter[tuple[Any, ...]],
+]:
+    """Impressions and clicks per source queue, in time order but for a jitter below the
+    5 s lateness, and the left join's reference: (ad, user, shown_at, clicked_at or None)."""
+    rnd = random.Random(seed)
+    ads, users = [f"ad{i}" for i in range(5)], [f"u{i}" for i in range(8)]
+
+    def events(count: int, step_ms: int) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {q: [] for q in range(queues)}
+        for i in range(count):
+            ts = BASE_TS + i * step_ms - rnd.randint(0, 2_000)
+            out[i % queues].append({"ad": rnd.choice(ads), "user": rnd.choice(users), "ts": ts})
+        return out
+
+    impressions, clicks = events(600, 100), events(200, 300)
+    clicks_at: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
+    for c in (c for q in clicks.values() for c in q):
+        clicks_at[(c["ad"], c["user"], c["ts"] - c["ts"] % window_ms)].append(c["ts"])
+    expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
+    for imp in (i for q in impressions.values() for i in q):
+        matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window_ms), [])
+        for at in matches or [None]:
+            expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
+    return impressions, clicks, expected
+
+
+def ad_join_results(admin: RocketMQAdmin, sink: str) -> collections.Counter[tuple[Any, ...]]:
+    """The join's results in ``sink``, the last copy under each de-duplication key."""
+    seen = {r.keys[-1]: json.loads(r.body) for r in read_topic(admin, sink)}
+    return collections.Counter(
+        (v["ad"], v["user"], v["shown_at"], v["clicked_at"]) for v in seen.values()
+    )
+
+
 def _report_state_costs(report: Any, what: str, stage: dict[str, Any], voids: int) -> None:
     totals, tasks = stage["totals"], max(1, stage["tasks"])
     report(
@@ -439,27 +478,8 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
     for topic in (shown, clicked):
         admin.create_topic(topic, 2)
     settings = _driver_settings(client_settings)
-    rnd = random.Random(53)
-    ads, users = [f"ad{i}" for i in range(5)], [f"u{i}" for i in range(8)]
-
-    def events(count: int, step_ms: int) -> dict[int, list[dict[str, Any]]]:
-        """Per queue, events in time order but for a jitter below the 5 s lateness."""
-        out: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
-        for i in range(count):
-            ts = BASE_TS + i * step_ms - rnd.randint(0, 2_000)
-            out[i % 2].append({"ad": rnd.choice(ads), "user": rnd.choice(users), "ts": ts})
-        return out
-
-    impressions, clicks = events(600, 100), events(200, 300)
     window = 10_000
-    clicks_at: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
-    for c in (c for q in clicks.values() for c in q):
-        clicks_at[(c["ad"], c["user"], c["ts"] - c["ts"] % window)].append(c["ts"])
-    expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
-    for imp in (i for q in impressions.values() for i in q):
-        matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window), [])
-        for at in matches or [None]:
-            expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
+    impressions, clicks, expected = ad_join_case(53, queues=2, window_ms=window)
     spec = _spec(
         spark_cluster,
         settings,
@@ -475,10 +495,7 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
     )
 
     def joined() -> collections.Counter[tuple[Any, ...]]:
-        seen = {r.keys[-1]: json.loads(r.body) for r in read_topic(admin, sink)}
-        return collections.Counter(
-            (v["ad"], v["user"], v["shown_at"], v["clicked_at"]) for v in seen.values()
-        )
+        return ad_join_results(admin, sink)
 
     with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
         driver.wait_started(240)

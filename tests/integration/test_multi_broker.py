@@ -51,6 +51,8 @@ from tests.integration.test_cluster import (
     _driver_settings,
     _report_state_costs,
     _spec,
+    ad_join_case,
+    ad_join_results,
 )
 from tests.integration.test_engine import (
     BASE_TS,
@@ -449,27 +451,8 @@ def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
         layouts[topic] = current_layout(cluster_admin, topic)
         assert layouts[topic].brokers == GROUPS
     settings = _driver_settings(cluster_settings)
-    rnd = random.Random(71)
-    ads, users = [f"ad{i}" for i in range(5)], [f"u{i}" for i in range(8)]
-
-    def events(count: int, step_ms: int) -> dict[int, list[dict[str, Any]]]:
-        """Per queue index, events in time order but for a jitter below the lateness."""
-        out: dict[int, list[dict[str, Any]]] = {q: [] for q in range(4)}
-        for i in range(count):
-            ts = BASE_TS + i * step_ms - rnd.randint(0, 2_000)
-            out[i % 4].append({"ad": rnd.choice(ads), "user": rnd.choice(users), "ts": ts})
-        return out
-
-    impressions, clicks = events(600, 100), events(200, 300)
     window = 10_000
-    clicks_at: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
-    for c in (c for q in clicks.values() for c in q):
-        clicks_at[(c["ad"], c["user"], c["ts"] - c["ts"] % window)].append(c["ts"])
-    expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
-    for imp in (i for q in impressions.values() for i in q):
-        matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window), [])
-        for at in matches or [None]:
-            expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
+    impressions, clicks, expected = ad_join_case(71, queues=4, window_ms=window)
     spec = _spec(
         spark_cluster,
         settings,
@@ -485,10 +468,7 @@ def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
     )
 
     def joined() -> collections.Counter[tuple[Any, ...]]:
-        seen = {r.keys[-1]: json.loads(r.body) for r in read_topic(cluster_admin, sink)}
-        return collections.Counter(
-            (v["ad"], v["user"], v["shown_at"], v["clicked_at"]) for v in seen.values()
-        )
+        return ad_join_results(cluster_admin, sink)
 
     with cpu_hog(2), DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
         driver.wait_started(300)
