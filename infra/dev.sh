@@ -3,6 +3,8 @@
 #   bash infra/dev.sh main   set everything up, start the local broker, run the main job
 #   bash infra/dev.sh test   set everything up, run the checks and the whole test suite
 #   bash infra/dev.sh bench wordcount   set up, start the broker, run one benchmark
+#   bash infra/dev.sh cluster start|stop|status   a local RocketMQ cluster: name server,
+#                                        broker-a master + slave, broker-b master
 # Setup is idempotent: system packages (Java 17, Maven; for `test` also Debian's
 # Chromium, for the UI test) only if missing, a project-local virtualenv in .venv,
 # the project installed editable into it.
@@ -113,10 +115,14 @@ case "${1:-}" in
     stream-assets broker start
     python "benchmarks/$name.py" "${@:3}"
     ;;
+  cluster)
+    setup
+    stream-assets cluster "${@:2}"
+    ;;
   setup)
     setup
     ;;
   *)
-    echo "usage: bash infra/dev.sh main|test|bench <name>|setup" >&2; exit 2
+    echo "usage: bash infra/dev.sh main|test|bench <name>|cluster start|stop|status|setup" >&2; exit 2
     ;;
 esac
