@@ -370,7 +370,7 @@ class RocketMQAdmin:
         try:
             return self._pool.get(addr, f"broker {queue.broker_name}").call(code, fields)
         except BrokerUnreachableError:
-            self._addr_cache.pop((queue.topic, queue.broker_name), None)
+            self.forget_route(queue)
             raise
 
     def _group_route(self, queue: MessageQueue) -> BrokerRoute:
@@ -396,6 +396,12 @@ class RocketMQAdmin:
         self._addr_cache[cache_key] = (group, time.monotonic())
         return group
 
+    def forget_route(self, queue: MessageQueue) -> None:
+        """Drop the cached route of ``queue``'s group: the next call asks the name server
+        (after a failure: a killed master is dropped from the route at once, and its
+        slave serves the reads)."""
+        self._addr_cache.pop((queue.topic, queue.broker_name), None)
+
     def broker_addr(self, queue: MessageQueue) -> str:
         """The master address serving ``queue``: where writes and commits go.
 
@@ -403,7 +409,7 @@ class RocketMQAdmin:
         """
         group = self._group_route(queue)
         if not group.master:
-            self._addr_cache.pop((queue.topic, queue.broker_name), None)
+            self.forget_route(queue)
             raise BrokerUnreachableError(
                 f"broker group {queue.broker_name}",
                 group.replica,
@@ -672,7 +678,7 @@ class RocketMQAdmin:
                 return conn.call_many(requests)
         except BrokerUnreachableError:
             for queue in queues:
-                self._addr_cache.pop((queue.topic, queue.broker_name), None)
+                self.forget_route(queue)
             raise
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.errors import RemotingError
+from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.rocketmq.message_codec import decode_messages
 from stream_assets.rocketmq.records import Record
-from stream_assets.rocketmq.remoting import RequestCode, ResponseCode
+from stream_assets.rocketmq.remoting import RemotingCommand, RequestCode, ResponseCode
 
 _FLAG_SUBSCRIPTION = 0x4  # subscription sent with the request; no group registration needed
 
@@ -72,22 +72,11 @@ class QueueReader:
         """Read up to ``max_messages`` records of ``queue`` starting at ``offset``."""
         # The master, else the group's slave (which serves pulls alike).
         addr = self.admin.read_addr(queue)
-        reply = self._pool.get(addr, f"broker {queue.broker_name}").call(
-            RequestCode.PULL_MESSAGE,
-            {
-                "consumerGroup": self.group,
-                "topic": queue.topic,
-                "queueId": str(queue.queue_id),
-                "queueOffset": str(offset),
-                "maxMsgNums": str(max_messages or self.max_batch),
-                "sysFlag": str(_FLAG_SUBSCRIPTION),
-                "commitOffset": "0",
-                "suspendTimeoutMillis": "0",
-                "subscription": "*",
-                "subVersion": "0",
-                "expressionType": "TAG",
-            },
-        )
+        try:
+            reply = self._pull(addr, queue, offset, max_messages)
+        except BrokerUnreachableError:
+            self.admin.forget_route(queue)
+            raise
         fields = reply.ext_fields
         bounds = (
             int(fields.get("nextBeginOffset", offset)),
@@ -102,6 +91,26 @@ class QueueReader:
             return PullBatch(queue, PullStatus.OFFSET_ILLEGAL, [], *bounds)
         raise RemotingError(
             f"pull {queue.topic}[{queue.queue_id}] at {offset}", reply.code, reply.remark
+        )
+
+    def _pull(
+        self, addr: str, queue: MessageQueue, offset: int, max_messages: int | None
+    ) -> RemotingCommand:
+        return self._pool.get(addr, f"broker {queue.broker_name}").call(
+            RequestCode.PULL_MESSAGE,
+            {
+                "consumerGroup": self.group,
+                "topic": queue.topic,
+                "queueId": str(queue.queue_id),
+                "queueOffset": str(offset),
+                "maxMsgNums": str(max_messages or self.max_batch),
+                "sysFlag": str(_FLAG_SUBSCRIPTION),
+                "commitOffset": "0",
+                "suspendTimeoutMillis": "0",
+                "subscription": "*",
+                "subVersion": "0",
+                "expressionType": "TAG",
+            },
         )
 
     def read(self, queue: MessageQueue, start: int, end: int | None = None) -> Iterator[Record]:
