@@ -5,12 +5,24 @@ each failed instance run (its op raised, its process was killed and the
 supervisor marked it failed, or it hung and was terminated) it:
 
 - logs one clear line (``instance 1 of wordcount failed (run 3f2a...): ...``);
-- records an ``AssetObservation`` on the topology's asset
-  (:func:`~stream_assets.control.lineage.topology_asset_key`) with the instance
-  index, run id, failure message, crash count in the window, and the alert kind,
-  so the UI shows crashes on the topology's timeline;
+- reports the topology's crash check (``<job>__no_recent_crashes``, on its
+  asset; :func:`~jobs.checks.crash_alert_outcome`) *failed*, severity ERROR,
+  with that line as its description and the instance, run id, failure, crash
+  count in the window and alert kind (text where they are labels) as metadata;
 - calls every hook in ``STREAM_ASSETS_ALERT_HOOKS`` with the
   :class:`~stream_assets.control.alerts.Alert`.
+
+A run that failed because Dagster could not reach its code server to launch it
+(:func:`~jobs.supervisor.launch_failure`) is a ``launch_failed`` alert: a
+warning line and the hooks, but not a crash and not the crash check.
+
+Why a failed check and not an observation: the topology asset gets several
+metric observations a minute, and an alert among them looked like one more
+(its instance index even became a plot). A failed check is drawn as one
+everywhere the UI shows the asset: a red check on the asset page and its
+graph node, and the Checks tab with the alert's line and history. It stays
+failed through the crash window; the checks sensor passes it once no run of
+the topology has failed for that long (jobs/checks.py).
 
 When the failure is the one that engages the supervisor's crash-loop backoff
 (two or more consecutive failures of the index within ``crash_window_s``), the
@@ -29,11 +41,17 @@ import time
 
 import dagster as dg
 
+from jobs.checks import crash_alert_outcome
 from jobs.instance_job import instance_job
-from jobs.supervisor import SENSOR_INTERVAL_S, crash_history, failure_message, run_index
+from jobs.supervisor import (
+    SENSOR_INTERVAL_S,
+    crash_history,
+    failure_message,
+    launch_failure,
+    run_index,
+)
 from stream_assets.control.alerts import Alert, notify
 from stream_assets.control.desired_state import KEY_PREFIX
-from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.registry import TOPOLOGY_TAG
 from stream_assets.settings import SupervisorSettings
 
@@ -55,7 +73,11 @@ def alert_for(
     """
     topology = run.tags.get(TOPOLOGY_TAG, "")
     index = run_index(run)
+    record = instance.get_run_record_by_id(run.run_id)
+    refused = launch_failure(instance, record) if record is not None else None
     history = crash_history(instance, topology, index, now, settings)
+    if refused is not None:
+        return Alert(topology, index, run.run_id, refused, history.in_window, "launch_failed")
     # The run just failed: it is in the window even if its end time is a tick old.
     crashes = max(history.in_window, 1)
     backoff = history.backoff_s(settings) if history.last_run_id == run.run_id else 0.0
@@ -73,21 +95,27 @@ def alert_for(
 def raise_alert(
     instance: dg.DagsterInstance, alert: Alert, settings: SupervisorSettings, log: logging.Logger
 ) -> None:
-    """Log ``alert``, record it on the topology's asset, and call the hooks."""
-    log.error(alert.describe())
-    instance.report_runless_asset_event(
-        dg.AssetObservation(
-            asset_key=topology_asset_key(alert.topology),
-            metadata={
-                "alert": alert.kind,
-                "instance": alert.instance,
-                "run_id": alert.run_id,
-                "failure": alert.message,
-                "crashes_in_window": alert.crashes,
-                "retry_in_s": round(alert.retry_in_s, 1),
-            },
-        )
-    )
+    """Log ``alert``, fail the topology's crash check with it, and call the hooks.
+
+    Example::
+
+        >>> inst, log = dg.DagsterInstance.ephemeral(), logging.getLogger("doctest")
+        >>> log.addHandler(logging.NullHandler())
+        >>> raise_alert(inst, Alert("wc", 0, "3f2a", "boom", 1), SupervisorSettings(), log)
+        >>> from jobs.checks import crash_check_key
+        >>> key = crash_check_key("wc")
+        >>> record = inst.event_log_storage.get_asset_check_summary_records([key])[key]
+        >>> evaluation = record.last_check_execution_record.event.asset_check_evaluation
+        >>> evaluation.passed, evaluation.severity.value, evaluation.description
+        (False, 'ERROR', 'instance 0 of wc failed (run 3f2a): boom (1 failed run(s) within 10 min)')
+    """
+    if alert.kind == "launch_failed":
+        # Dagster's code server, not the instance: said, passed on, but not a crash.
+        log.warning(alert.describe())
+    else:
+        log.error(alert.describe())
+        outcome = crash_alert_outcome(alert, settings.crash_window_s)
+        instance.report_runless_asset_event(outcome.evaluation())
     notify(alert, settings.alert_hooks, log.error)
 
 
@@ -96,8 +124,8 @@ def raise_alert(
     monitored_jobs=[instance_job],
     minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Alerts on every failed instance run (and on crash loops): a log line, an "
-    "observation on the topology asset, and the STREAM_ASSETS_ALERT_HOOKS callables.",
+    description="Alerts on every failed instance run (and on crash loops): a log line, the "
+    "topology's crash check failed with it, and the STREAM_ASSETS_ALERT_HOOKS callables.",
 )
 def instance_failure_alerts(context: dg.RunFailureSensorContext) -> None:
     """One alert per failed instance run."""

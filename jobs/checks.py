@@ -1,14 +1,26 @@
-"""Asset checks of every registered topology: lag, dead letters, output freshness.
+"""Asset checks of every registered topology: crashes, lag, dead letters, output freshness.
 
 Per topology (``<job>`` is its job id as an asset-key component):
 
+- ``<job>__no_recent_crashes`` on the **topology** asset: no instance run of the
+  topology failed within the supervisor's crash window
+  (``STREAM_ASSETS_CRASH_WINDOW_S``, 10 min) (ERROR). This is how a crash alert
+  shows in the UI: the alert sensor (jobs/alerts.py) reports it failed the
+  moment a run fails, with the alert's line as its description; the
+  evaluations below keep it failed through the window and pass it afterwards.
 - ``<job>__lag_within_bound`` on each **source** topic: the topology's consumer
   group has at most ``max_lag`` messages of the topic not yet committed (ERROR).
-- ``<job>__no_new_dead_letters`` on its **dead-letter** topic: no message was
-  added to ``<job>__dead-letters`` since the previous evaluation of this check
-  (WARN: the stream moved on; each one names its operator and reason). The end
-  offsets seen are kept in the evaluation's metadata, which is what the next
-  evaluation compares with; the first evaluation only records them.
+- ``<job>__no_recent_dead_letters`` on its **dead-letter** topic (WARN: the
+  stream moved on; each dead letter names its operator and reason): fails
+  while the newest dead letter is younger than :data:`DEAD_LETTER_HOLD_S`
+  (24 h), so a dead letter keeps the check yellow for a day, however often
+  it is evaluated, instead of until the next evaluation. Each evaluation says
+  how many are new since the previous one (its metadata keeps the end offsets
+  it saw, and the newest dead letter's time); new ones raise one
+  ``dead_letters`` :class:`~stream_assets.control.alerts.Alert` to the
+  ``STREAM_ASSETS_ALERT_HOOKS`` per batch, from the evaluation that first
+  counts them. The first evaluation ever only records the offsets (no alert
+  for dead letters older than the checks).
 - ``<job>__output_fresh`` on each **sink** topic: the sink got a message within
   ``fresh_within_s``, or no input has been waiting that long (ERROR). "Input
   waiting" is the oldest uncommitted message of any stage input (sources and
@@ -17,8 +29,9 @@ Per topology (``<job>`` is its job id as an asset-key component):
   when its lag is small. A windowed topology whose windows are longer than the
   bound needs a larger ``fresh_within_s``.
 
-Everything is read from the broker (:class:`RocketMQProbe`), none of it from
-the instances, so the checks hold while no instance runs.
+Everything but the crash check is read from the broker
+(:class:`RocketMQProbe`), none of it from the instances, so the checks hold
+while no instance runs; the crash check reads the runs in the Dagster instance.
 
 Bounds come from :class:`CheckSettings` (``STREAM_ASSETS_CHECK_*``), with
 per-topology overrides as JSON in ``STREAM_ASSETS_CHECK_OVERRIDES``.
@@ -36,8 +49,9 @@ Example::
     >>> from stream_assets.examples import wordcount
     >>> for spec in check_specs(wordcount.build()):
     ...     print(spec.asset_key.to_user_string(), spec.name)
+    topologies/wordcount wordcount__no_recent_crashes
     topics/sourceTopic wordcount__lag_within_bound
-    topics/wordcount__dead_letters wordcount__no_new_dead_letters
+    topics/wordcount__dead_letters wordcount__no_recent_dead_letters
     topics/wordcount_out wordcount__output_fresh
 """
 
@@ -45,28 +59,40 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Protocol, Self
 
 import dagster as dg
 
+from jobs.instance_job import INSTANCE_JOB
+from jobs.supervisor import failure_message, run_index
 from resources.rocketmq import RocketMQResource
+from stream_assets.control.alerts import Alert, notify
 from stream_assets.control.desired_state import DesiredStateStore
-from stream_assets.control.lineage import key_component, topic_asset_key
-from stream_assets.control.registry import REGISTRY, TopologyRegistration
+from stream_assets.control.lineage import key_component, topic_asset_key, topology_asset_key
+from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.reader import PullStatus, QueueReader
-from stream_assets.settings import CheckSettings
+from stream_assets.settings import CheckSettings, SupervisorSettings
 
+CRASHES = "no_recent_crashes"
 LAG = "lag_within_bound"
-DEAD_LETTERS = "no_new_dead_letters"
+DEAD_LETTERS = "no_recent_dead_letters"
 FRESH = "output_fresh"
 
 #: Metadata key under which a dead-letter check keeps the end offsets it saw.
 DEAD_LETTER_ENDS = "dead_letter_end_offsets"
+#: Metadata key under which it keeps the newest dead letter's time (a timestamp).
+NEWEST_DEAD_LETTER = "newest_dead_letter_at"
+#: The dead-letter check fails while the newest dead letter is younger than this: long
+#: enough that whoever looks the next day still sees it, short enough to clear by itself
+#: (dead letters cannot be deleted from a topic; retention takes days). A
+#: ``dead_letter_hold_s`` field of CheckSettings, when there is one, takes its place.
+DEAD_LETTER_HOLD_S = 24 * 3600.0
 
 
 def check_name(job_id: str, kind: str) -> str:
@@ -80,10 +106,32 @@ def check_name(job_id: str, kind: str) -> str:
     return f"{key_component(job_id)}__{kind}"
 
 
-def check_specs(topology: Topology) -> list[dg.AssetCheckSpec]:
-    """The check specs of one topology, on its source, dead-letter and sink topics."""
+def crash_check_key(job_id: str) -> dg.AssetCheckKey:
+    """The key of ``job_id``'s crash check, on its topology asset.
+
+    Example::
+
+        >>> crash_check_key("windowed-sum").to_user_string()
+        'topologies/windowed_sum:windowed_sum__no_recent_crashes'
+    """
+    return dg.AssetCheckKey(topology_asset_key(job_id), check_name(job_id, CRASHES))
+
+
+def check_specs(
+    topology: Topology, settings: CheckSettings | None = None
+) -> list[dg.AssetCheckSpec]:
+    """The check specs of one topology, on itself and its source, dead-letter and sink topics."""
     job = topology.job_id
+    hold = _span(_hold_s(settings or CheckSettings()))
     specs = [
+        dg.AssetCheckSpec(
+            check_name(job, CRASHES),
+            asset=topology_asset_key(job),
+            description=f"No instance run of `{job}` failed within the crash window "
+            "(STREAM_ASSETS_CRASH_WINDOW_S): each crash alert fails it.",
+        )
+    ]
+    specs.extend(
         dg.AssetCheckSpec(
             check_name(job, LAG),
             asset=topic_asset_key(topic),
@@ -91,12 +139,13 @@ def check_specs(topology: Topology) -> list[dg.AssetCheckSpec]:
             "stay within the bound (STREAM_ASSETS_CHECK_MAX_LAG).",
         )
         for topic in topology.source_topics
-    ]
+    )
     specs.append(
         dg.AssetCheckSpec(
             check_name(job, DEAD_LETTERS),
             asset=topic_asset_key(topology.dead_letter_topic),
-            description=f"No record of `{job}` became a dead letter since the previous check.",
+            description=f"No record of `{job}` became a dead letter within {hold} (fails, as a "
+            "warning, until the newest is that old); new ones also raise an alert.",
         )
     )
     specs.extend(
@@ -289,53 +338,229 @@ def lag_outcome(job_id: str, topic: str, lag: Mapping[int, int] | None, max_lag:
     )
 
 
-def dead_letter_outcome(
-    job_id: str, topic: str, ends: Mapping[int, int], previous: Mapping[int, int] | None
-) -> Outcome:
-    """The dead-letter check: messages added to ``topic`` since ``previous`` end offsets.
+def _span(seconds: float) -> str:
+    """A duration for people: ``45 s``, ``12 min``, ``3 h``, ``2 d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
-    ``previous`` None (never evaluated) records a baseline and passes. A queue
-    whose end went down (the topic was recreated) counts from 0. A queue not
-    reported now (the topic unknown for a moment: a restarting broker's name
-    server forgets its routes) keeps its previous end, so it is not counted
-    again once it is back.
+
+def new_dead_letters(ends: Mapping[int, int], previous: Mapping[int, int] | None) -> int:
+    """Messages added to a dead-letter topic since ``previous`` end offsets (0 if None).
+
+    A queue whose end went down (the topic was recreated) counts from 0.
 
     Example::
 
-        >>> dead_letter_outcome("wc", "wc__dead-letters", {0: 3, 1: 1}, {0: 3, 1: 0}).description
-        '1 new dead letter(s) since the previous check (4 in all)'
-        >>> dead_letter_outcome("wc", "wc__dead-letters", {0: 3}, {0: 3}).passed
-        True
-        >>> dead_letter_outcome("wc", "wc__dead-letters", {0: 3}, None).description
-        'baseline: 3 dead letter(s) so far; new ones fail the next evaluation'
-        >>> dead_letter_outcome("wc", "wc__dead-letters", {}, {0: 3}).metadata["dead_letters"]
+        >>> new_dead_letters({0: 3, 1: 1}, {0: 3, 1: 0}), new_dead_letters({0: 3}, None)
+        (1, 0)
+    """
+    if previous is None:
+        return 0
+    new = 0
+    for q, end in ends.items():
+        before = previous.get(q, 0)
+        new += end if end < before else end - before
+    return new
+
+
+def dead_letter_outcome(
+    job_id: str,
+    topic: str,
+    ends: Mapping[int, int],
+    previous: Mapping[int, int] | None,
+    newest_ms: int | None,
+    now_ms: int,
+    hold_s: float = DEAD_LETTER_HOLD_S,
+) -> Outcome:
+    """The dead-letter check: fails (WARN) while the newest dead letter is younger than ``hold_s``.
+
+    ``ends`` are the topic's end offsets now, ``previous`` those the previous
+    evaluation saw (None: never evaluated, so nothing counts as new), and
+    ``newest_ms`` the newest dead letter's time (None: unknown or none). A
+    queue not reported now (the topic unknown for a moment: a restarting
+    broker's name server forgets its routes) keeps its previous end, so it is
+    not counted again once it is back.
+
+    Example::
+
+        >>> now = 1_000_000_000_000
+        >>> o = dead_letter_outcome("wc", "wc__dead-letters", {0: 3, 1: 1}, {0: 3, 1: 0},
+        ...                         now - 5_000, now)
+        >>> o.passed, o.severity.value
+        (False, 'WARN')
+        >>> o.description
+        '1 new dead letter(s) since the previous check; 4 in all, the newest 5 s ago'
+        >>> dead_letter_outcome("wc", "wc__dead-letters", {0: 4}, {0: 4}, now - 7_200_000,
+        ...                     now).description  # nothing new: still failing, for 24 h
+        'no new dead letter since the previous check; 4 in all, the newest 2 h ago'
+        >>> o = dead_letter_outcome("wc", "wc__dead-letters", {0: 4}, {0: 4}, now - 90_000_000, now)
+        >>> o.passed, o.description
+        (True, 'no dead letter within 24 h (4 in all, the newest 25 h ago)')
+        >>> dead_letter_outcome("wc", "wc__dead-letters", {}, {0: 3}, None, now).metadata[
+        ...     "dead_letters"]
         3
     """
     key, name = topic_asset_key(topic), check_name(job_id, DEAD_LETTERS)
     seen = {**(previous or {}), **ends}
     total = sum(seen.values())
-    metadata: dict[str, Any] = {"dead_letters": total, DEAD_LETTER_ENDS: _queues_json(seen)}
-    if previous is None:
-        return Outcome(
-            key,
-            name,
-            True,
-            f"baseline: {total} dead letter(s) so far; new ones fail the next evaluation",
-            dg.AssetCheckSeverity.WARN,
-            {**metadata, "new_dead_letters": 0},
-        )
-    new = 0
-    for q, end in ends.items():
-        before = previous.get(q, 0)
-        new += end if end < before else end - before
-    return Outcome(
-        key,
-        name,
-        new == 0,
-        f"{new} new dead letter(s) since the previous check ({total} in all)",
-        dg.AssetCheckSeverity.WARN,
-        {**metadata, "new_dead_letters": new},
+    new = new_dead_letters(ends, previous)
+    metadata: dict[str, Any] = {
+        "new_dead_letters": new,
+        "dead_letters": total,
+        "hold_s": hold_s,
+        DEAD_LETTER_ENDS: _queues_json(seen),
+    }
+    if total == 0:
+        return Outcome(key, name, True, "no dead letters", dg.AssetCheckSeverity.WARN, metadata)
+    if newest_ms is None:
+        # Dead letters whose time nobody knows (the broker could not say before the first
+        # evaluation that saw them): older than the checks, so no reason to fail.
+        description = f"{total} dead letter(s) in all, none known to be recent"
+        return Outcome(key, name, True, description, dg.AssetCheckSeverity.WARN, metadata)
+    age_s = max(0.0, (now_ms - newest_ms) / 1000)
+    metadata[NEWEST_DEAD_LETTER] = dg.MetadataValue.timestamp(newest_ms / 1000)
+    about = f"{total} in all, the newest {_span(age_s)} ago"
+    if age_s > hold_s:
+        description = f"no dead letter within {_span(hold_s)} ({about})"
+        return Outcome(key, name, True, description, dg.AssetCheckSeverity.WARN, metadata)
+    news = f"{new} new dead letter(s)" if new else "no new dead letter"
+    description = f"{news} since the previous check; {about}"
+    return Outcome(key, name, False, description, dg.AssetCheckSeverity.WARN, metadata)
+
+
+def dead_letter_alert(job_id: str, topic: str, outcome: Outcome) -> Alert | None:
+    """The alert for the dead letters ``outcome`` counted as new, or None if there are none.
+
+    Example::
+
+        >>> now = 1_000_000_000_000
+        >>> o = dead_letter_outcome("wc", "wc__dead-letters", {0: 5}, {0: 3}, now, now)
+        >>> alert = dead_letter_alert("wc", "wc__dead-letters", o)
+        >>> alert.kind, alert.dead_letters, alert.describe().split(":")[:2]
+        ('dead_letters', 2, ['wc', ' 2 new dead letter(s) in wc__dead-letters (5 in all)'])
+    """
+    new = int(_plain(outcome.metadata.get("new_dead_letters", 0)))
+    if new <= 0:
+        return None
+    total = int(_plain(outcome.metadata.get("dead_letters", new)))
+    return Alert(
+        topology=job_id,
+        instance=None,
+        run_id="",
+        message=f"{new} new dead letter(s) in {topic} ({total} in all): records an operator "
+        "could not process; each names its operator and the reason",
+        crashes=0,
+        kind="dead_letters",
+        dead_letters=new,
     )
+
+
+def raise_dead_letter_alerts(
+    topology: Topology, outcomes: Sequence[Outcome], log: Callable[[str], None]
+) -> list[Alert]:
+    """Log and send to the hooks (``STREAM_ASSETS_ALERT_HOOKS``) the dead-letter alert among
+    ``outcomes``, if they counted new dead letters; return the alerts raised.
+
+    Called by whichever evaluation (sensor tick or checks run) first counts a batch: the
+    next one compares with the offsets this one recorded, so a batch alerts once.
+    """
+    key = dg.AssetCheckKey(
+        topic_asset_key(topology.dead_letter_topic), check_name(topology.job_id, DEAD_LETTERS)
+    )
+    raised = []
+    for outcome in outcomes:
+        alert = (
+            dead_letter_alert(topology.job_id, topology.dead_letter_topic, outcome)
+            if outcome.key == key
+            else None
+        )
+        if alert is not None:
+            log(alert.describe())
+            notify(alert, SupervisorSettings().alert_hooks, log)
+            raised.append(alert)
+    return raised
+
+
+# -- crashes ---------------------------------------------------------------------------
+
+
+def failed_runs(
+    instance: dg.DagsterInstance, job_id: str, since: float
+) -> list[tuple[float, dg.DagsterRun]]:
+    """The instance runs of ``job_id`` that failed at or after ``since``, newest first.
+
+    Example::
+
+        >>> failed_runs(dg.DagsterInstance.ephemeral(), "wc", 0.0)
+        []
+    """
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(
+            job_name=INSTANCE_JOB,
+            tags={TOPOLOGY_TAG: job_id},
+            statuses=[dg.DagsterRunStatus.FAILURE],
+            updated_after=datetime.fromtimestamp(max(since, 0.0), UTC),
+        ),
+        limit=200,
+    )
+    ended = [(float(r.end_time or r.update_timestamp.timestamp()), r.dagster_run) for r in records]
+    return sorted((e for e in ended if e[0] >= since), key=lambda e: e[0], reverse=True)
+
+
+def crash_alert_outcome(alert: Alert, window_s: float) -> Outcome:
+    """The failed crash check that shows ``alert`` (a crash or crash loop) in the UI.
+
+    Example::
+
+        >>> o = crash_alert_outcome(Alert("wc", 1, "3f2a", "boom", 2), window_s=600)
+        >>> o.passed, o.severity.value, o.metadata["instance"].value
+        (False, 'ERROR', '1')
+        >>> o.description
+        'instance 1 of wc failed (run 3f2a): boom (2 failed run(s) within 10 min)'
+    """
+    key = crash_check_key(alert.topology)
+    return Outcome(
+        key.asset_key,
+        key.name,
+        False,
+        f"{alert.describe()} ({alert.crashes} failed run(s) within {_span(window_s)})",
+        dg.AssetCheckSeverity.ERROR,
+        {
+            # Text: identifiers and messages label the alert, none is a number to plot.
+            "alert": dg.MetadataValue.text(alert.kind),
+            "instance": dg.MetadataValue.text(str(alert.instance)),
+            "run_id": dg.MetadataValue.text(alert.run_id),
+            "failure": dg.MetadataValue.text(alert.message),
+            "crashes_in_window": alert.crashes,
+            "retry_in_s": round(alert.retry_in_s, 1),
+        },
+    )
+
+
+def crash_outcome(
+    instance: dg.DagsterInstance, job_id: str, now: float, window_s: float
+) -> Outcome:
+    """The crash check of ``job_id``: fails while a run of it failed within ``window_s``.
+
+    Example::
+
+        >>> inst = dg.DagsterInstance.ephemeral()
+        >>> crash_outcome(inst, "wc", time.time(), 600).description
+        'no instance run failed within 10 min'
+    """
+    failed = failed_runs(instance, job_id, now - window_s)
+    if not failed:
+        key = crash_check_key(job_id)
+        description = f"no instance run failed within {_span(window_s)}"
+        metadata = {"crashes_in_window": 0}
+        return Outcome(key.asset_key, key.name, True, description, metadata=metadata)
+    _, run = failed[0]
+    latest = Alert(
+        job_id, run_index(run), run.run_id, failure_message(instance, run.run_id), len(failed)
+    )
+    return crash_alert_outcome(latest, window_s)
 
 
 def freshness_outcome(
@@ -413,11 +638,25 @@ def previous_evaluation(instance: dg.DagsterInstance) -> PreviousLookup:
     return lookup
 
 
+def _plain(raw: Any) -> Any:
+    """The plain value of a stored metadata entry (``MetadataValue``) or of a raw one."""
+    return getattr(raw, "value", raw)
+
+
+def _previous_newest_ms(metadata: Mapping[str, Any] | None) -> int | None:
+    raw = None if metadata is None else metadata.get(NEWEST_DEAD_LETTER)
+    return None if raw is None else int(float(_plain(raw)) * 1000)
+
+
+def _hold_s(settings: CheckSettings) -> float:
+    return float(getattr(settings, "dead_letter_hold_s", DEAD_LETTER_HOLD_S))
+
+
 def _previous_ends(metadata: Mapping[str, Any] | None) -> dict[int, int] | None:
     raw = None if metadata is None else metadata.get(DEAD_LETTER_ENDS)
     if raw is None:
         return None
-    data = getattr(raw, "value", raw)
+    data = _plain(raw)
     if isinstance(data, str):
         data = json.loads(data)
     return {int(q): int(v) for q, v in dict(data).items()}
@@ -443,7 +682,7 @@ def evaluate_topology(
         >>> from stream_assets.examples import wordcount
         >>> out = evaluate_topology(wordcount.build(), Quiet(), lambda key: None, CheckSettings())
         >>> [(o.check_name, o.passed) for o in out]  # doctest: +NORMALIZE_WHITESPACE
-        [('wordcount__lag_within_bound', True), ('wordcount__no_new_dead_letters', True),
+        [('wordcount__lag_within_bound', True), ('wordcount__no_recent_dead_letters', True),
          ('wordcount__output_fresh', True)]
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -453,11 +692,7 @@ def evaluate_topology(
     for topic in topology.source_topics:
         lag = broker.lag(job, topic) if broker.topic_exists(topic) else None
         outcomes.append(lag_outcome(job, topic, lag, max_lag))
-    dead = topology.dead_letter_topic
-    key = dg.AssetCheckKey(topic_asset_key(dead), check_name(job, DEAD_LETTERS))
-    outcomes.append(
-        dead_letter_outcome(job, dead, broker.end_offsets(dead), _previous_ends(previous(key)))
-    )
+    outcomes.append(_dead_letters(topology, broker, previous, settings, now_ms))
     inputs = [stage.input_topic for stage in topology.stages]
     waiting = broker.oldest_waiting_ms(job, inputs) if topology.sink_topics else None
     for sink in topology.sink_topics:
@@ -467,6 +702,29 @@ def evaluate_topology(
             )
         )
     return outcomes
+
+
+def _dead_letters(
+    topology: Topology,
+    broker: BrokerView,
+    previous: PreviousLookup,
+    settings: CheckSettings,
+    now_ms: int,
+) -> Outcome:
+    job, dead = topology.job_id, topology.dead_letter_topic
+    before = previous(dg.AssetCheckKey(topic_asset_key(dead), check_name(job, DEAD_LETTERS)))
+    ends, previous_ends = broker.end_offsets(dead), _previous_ends(before)
+    new = new_dead_letters(ends, previous_ends)
+    # The newest dead letter's store time; while the broker cannot say (restarting), the
+    # one remembered, or now for dead letters just counted: never younger than it was.
+    stored = broker.latest_store_ms(dead) if sum(ends.values()) else None
+    if stored is None and new:
+        stored = now_ms
+    known = [t for t in (stored, _previous_newest_ms(before)) if t is not None]
+    newest = max(known) if known else None
+    return dead_letter_outcome(
+        job, dead, ends, previous_ends, newest, now_ms, hold_s=_hold_s(settings)
+    )
 
 
 # -- Dagster definitions ---------------------------------------------------------------
@@ -481,27 +739,38 @@ def topology_checks(
 
         >>> from stream_assets.examples import wordcount
         >>> checks = topology_checks(wordcount.build())
-        >>> sorted(k.name for k in checks.check_keys)
-        ['wordcount__lag_within_bound', 'wordcount__no_new_dead_letters', 'wordcount__output_fresh']
+        >>> sorted(k.name for k in checks.check_keys)  # doctest: +NORMALIZE_WHITESPACE
+        ['wordcount__lag_within_bound', 'wordcount__no_recent_crashes',
+         'wordcount__no_recent_dead_letters', 'wordcount__output_fresh']
     """
+    current = settings or CheckSettings()
+    crashes = crash_check_key(topology.job_id)
 
     @dg.multi_asset_check(
         name=f"checks_{key_component(topology.job_id)}",
-        specs=check_specs(topology),
+        specs=check_specs(topology, current),
         can_subset=True,
-        description=f"Lag, dead letters and output freshness of topology `{topology.job_id}`.",
+        description=f"Crashes, lag, dead letters and output freshness of topology "
+        f"`{topology.job_id}`.",
     )
     def run_checks(
         context: dg.AssetCheckExecutionContext, rocketmq: RocketMQResource
     ) -> Iterator[dg.AssetCheckResult]:
         selected = context.selected_asset_check_keys
-        with rocketmq.admin() as admin, RocketMQProbe(admin) as probe:
-            outcomes = evaluate_topology(
-                topology, probe, previous_evaluation(context.instance), settings or CheckSettings()
-            )
+        outcomes: list[Outcome] = []
+        if crashes in selected:
+            window_s = SupervisorSettings().crash_window_s
+            outcomes.append(crash_outcome(context.instance, topology.job_id, time.time(), window_s))
+        if selected - {crashes}:  # the crash check alone needs no broker
+            with rocketmq.admin() as admin, RocketMQProbe(admin) as probe:
+                found = evaluate_topology(
+                    topology, probe, previous_evaluation(context.instance), current
+                )
+            outcomes.extend(o for o in found if o.key in selected)
+            # Only an evaluation that is recorded may alert: the next one counts from it.
+            raise_dead_letter_alerts(topology, outcomes, context.log.warning)
         for outcome in outcomes:
-            if outcome.key in selected:
-                yield outcome.result()
+            yield outcome.result()
 
     return run_checks
 
@@ -544,26 +813,28 @@ def build_checks_sensor(
         name=name,
         minimum_interval_seconds=interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Evaluates every deployed topology's checks (lag, dead letters, output "
-        "freshness) and reports the results on their assets.",
+        description="Evaluates every deployed topology's checks (crashes, lag, dead letters, "
+        "output freshness), reports the results on their assets, and alerts on new dead letters.",
     )
     def checks_sensor(
         context: dg.SensorEvaluationContext, rocketmq: RocketMQResource
     ) -> dg.SensorResult:
         current = settings or CheckSettings()
         names = deployed(context.instance, list(registrations))
-        events: list[dg.AssetCheckEvaluation] = []
+        now, window_s = time.time(), SupervisorSettings().crash_window_s
+        # The crash checks first: they read runs, not the broker, and hold when it is down.
+        events = [crash_outcome(context.instance, n, now, window_s).evaluation() for n in names]
         previous = previous_evaluation(context.instance)
         if names:
             with rocketmq.admin() as admin, RocketMQProbe(admin) as probe:
                 for job_id in names:
+                    topology = registrations[job_id].topology()
                     try:
-                        outcomes = evaluate_topology(
-                            registrations[job_id].topology(), probe, previous, current
-                        )
+                        outcomes = evaluate_topology(topology, probe, previous, current)
                     except (RocketMQError, OSError) as exc:
                         context.log.warning(f"{job_id}: checks not evaluated this tick: {exc}")
                         continue
+                    raise_dead_letter_alerts(topology, outcomes, context.log.warning)
                     events.extend(o.evaluation() for o in outcomes)
         return dg.SensorResult(
             asset_events=events,

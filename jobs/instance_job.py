@@ -2,8 +2,9 @@
 
 The op starts an :class:`~stream_assets.runtime.instance.Instance` on its
 assignment (restoring state for queues it does not hold locally on the first
-batch), then loops until it is told to stop: it heartbeats into the Dagster
-instance's storage (the supervisor's crash detector), observes its topology
+batch), then loops until it is told to stop: a thread of its own heartbeats into the
+Dagster instance's storage (the supervisor's crash detector, jobs/instance_heart.py),
+the loop reports its progress through it, observes its topology
 asset with its own numbers every ``metrics_interval_s`` (the metrics sensor
 turns them into topology totals), follows rebalances in place
 (:mod:`stream_assets.control.rebalance`: warm up, release, take the new share
@@ -17,7 +18,6 @@ job at once. The op therefore installs a handler that only sets a stop flag
 once the SparkSession exists.
 """
 
-import dataclasses
 import json
 import signal
 import threading
@@ -28,17 +28,18 @@ from typing import Any
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
 
+from jobs.instance_heart import Heart
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
 from resources.state_store import RocksDBStateStoreResource
-from stream_assets.control.desired_state import DesiredStateStore, record_heartbeat
+from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.metrics import (
     RateMeters,
     instance_metadata,
     instance_numbers,
 )
-from stream_assets.control.rebalance import Progress, RebalanceFollower
+from stream_assets.control.rebalance import RebalanceFollower
 from stream_assets.control.registry import (
     GENERATION_TAG,
     IDLE_TAG,
@@ -117,7 +118,7 @@ def run_instance(
         assignment=assignment,
         generation=config.generation,
         progress=context.log.info,
-        keepalive=heart.beat,
+        busy=heart.busy,
     )
     owned = (
         "every queue"
@@ -151,11 +152,17 @@ def run_instance(
         context.log.info,
     )
     heart.follower = follower
-    _take_over_stop_signals(stop)
-    reason = _supervise(context, config, inst, heart, stop)
-    context.log.info(f"stopping ({reason}): finishing the batch in flight")
-    inst.stop()
-    inst.close()
+    heart.batch_at = inst.last_batch_at
+    heart.start()
+    try:
+        _take_over_stop_signals(stop)
+        reason = _supervise(context, config, inst, heart, stop)
+        context.log.info(f"stopping ({reason}): finishing the batch in flight")
+        with heart.busy("stopping: finishing the batch in flight"):
+            inst.stop()
+            inst.close()
+    finally:
+        heart.stop()
     context.log.info("instance stopped cleanly; state and offsets checkpointed")
     if reason == "cancelled":
         # Lets Dagster record the run as CANCELED rather than SUCCESS.
@@ -176,58 +183,6 @@ def _take_over_stop_signals(stop: threading.Event) -> None:
 REBALANCE_POLL_S = 0.2
 
 
-class Heart:
-    """This run's heartbeat: its sign of life to the supervisor, and its rebalance answers.
-
-    Beaten by the supervise loop, and before every attempt to start a stage
-    query (``Instance.keepalive``): a start blocks the loop, and under load a
-    few attempts in a row can each take Spark's whole 10 s connect-back limit.
-    A run that is really stuck still goes silent and is judged hung.
-    """
-
-    def __init__(self, context: dg.OpExecutionContext, config: InstanceConfig) -> None:
-        self._context = context
-        self._config = config
-        #: Set once the run follows rebalances; until then no heartbeat says "starting".
-        self.follower: RebalanceFollower | None = None
-        #: Lag by topic and queue, as of the last refresh (None: unknown).
-        self.lag: dict[str, dict[int, int]] | None = None
-        self.sent_at = 0.0
-        self._sent: Progress | None = None
-
-    def interval_up(self, now: float) -> bool:
-        """Whether a heartbeat interval has passed since the last beat."""
-        return now - self.sent_at >= self._config.heartbeat_interval_s
-
-    def due(self, now: float) -> bool:
-        """Whether the interval is up, or there is rebalance progress to answer."""
-        follower = self.follower
-        progressed = follower is not None and self._sent != follower.progress
-        return self.interval_up(now) or progressed
-
-    def beat(self) -> None:
-        """Record a heartbeat with the rebalance progress and the last known lag."""
-        follower = self.follower
-        if follower is None:
-            return
-        p = follower.progress
-        record_heartbeat(
-            self._context.instance,
-            self._config.topology,
-            follower.generation,
-            self._config.instance_index,
-            self._context.run_id,
-            lag={t: sum(q.values()) for t, q in (self.lag or {}).items()},
-            warmed=p.warmed,
-            released=p.released,
-            released_at=p.released_at,
-            running=p.running,
-            running_at=p.running_at,
-        )
-        self._sent = dataclasses.replace(p)
-        self.sent_at = time.monotonic()
-
-
 def _supervise(
     context: dg.OpExecutionContext,
     config: InstanceConfig,
@@ -239,28 +194,37 @@ def _supervise(
     assert heart.follower is not None
     follower = heart.follower
     desired = DesiredStateStore(context.instance)
-    last_metrics = 0.0
+    last_metrics = last_lag = 0.0
+    tagged = config.generation
     while True:
         if stop.is_set():
             return "cancelled"
         run = context.instance.get_run_by_id(context.run_id)
         if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
             return "cancelled"
+        heart.looped()
         inst.check_failed()
         inst.commit_waiting()
         state = desired.get(config.topology)
         reason = follower.step(state)
         if reason is not None:
             return reason
+        if follower.generation > tagged:
+            # The run's tag says which generation it serves, in the Runs list too.
+            context.instance.add_run_tags(
+                context.run_id, {GENERATION_TAG: str(follower.generation)}
+            )
+            tagged = follower.generation
         now = time.monotonic()
-        if heart.due(now):
-            if heart.interval_up(now):
-                try:
-                    heart.lag = inst.lag_by_queue()
-                except TRANSIENT as exc:
-                    # Keep beating: the stage queries ride out the outage on their own.
-                    context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
-                    heart.lag = None
+        if now - last_lag >= config.heartbeat_interval_s:
+            last_lag = now
+            try:
+                heart.lag = inst.lag_by_queue()
+            except TRANSIENT as exc:
+                # The stage queries ride out the outage on their own.
+                context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
+                heart.lag = None
+        if heart.progressed():
             heart.beat()
         if heart.lag is not None and now - last_metrics >= config.metrics_interval_s:
             _observe(context, config, inst, heart.lag)

@@ -2,9 +2,11 @@
 
 **stop_topology_job** (``{"ops": {"stop_topology": {"config": {"topology": "wordcount"}}}}``)
 sets the topology's desired instance count to 0. The supervisor then launches
-nothing for it, and every instance run is cancelled: each finishes its batch
-in flight (its final checkpoint: offsets and state committed together) and
-exits. The job returns once no instance run of the topology is left. Consumer
+nothing for it, and every instance run sees it: each finishes its batch in
+flight (its final checkpoint: offsets and state committed together) and ends
+SUCCESS. Runs still queued are marked CANCELED (they never ran); a run that has
+not exited after ``stop_timeout_s`` is cancelled. The job returns once no
+instance run of the topology is left. Consumer
 offsets, state topics and local stores are untouched, and the allocation is
 kept, so a later start resumes exactly where the stop left off.
 
@@ -31,7 +33,7 @@ import time
 
 import dagster as dg
 
-from jobs.failures import failure, registered
+from jobs.failures import acting_on, failure, registered
 from jobs.supervisor import instance_runs, run_index, run_process
 from resources.rocketmq import RocketMQResource
 from resources.spark import SparkResource
@@ -82,7 +84,7 @@ def _refuse_if_busy(name: str, state: DesiredState | None, what: str) -> None:
 def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
     """Stop ``config.topology``: desired count 0, every instance finishes its batch and exits."""
     name = config.topology
-    registered(name)
+    acting_on(context, name)
     store = DesiredStateStore(context.instance)
     current = store.get(name)
     _refuse_if_busy(name, current, "stop")
@@ -107,33 +109,50 @@ def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
 
 
 def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> list[str]:
-    """Cancel every unfinished instance run of ``name``; wait until none is left.
+    """Wait until every instance run of ``name`` has ended; the run ids waited for.
 
-    Listed again until none is left: a supervisor tick that began before the
-    desired state changed may still launch one run.
+    Every run that runs sees the desired count 0, finishes its batch in flight
+    and ends SUCCESS ("stopping (the topology was stopped)"): one way for all,
+    whichever moment of its loop the stop found it in. Only runs that never
+    started (queued) are marked CANCELED, and runs still there after
+    ``timeout_s`` are cancelled, which ends them CANCELED. Listed again until
+    none is left: a supervisor tick that began before the desired state
+    changed may still launch one run.
     """
     instance = context.instance
-    asked: list[str] = []
+    seen: list[str] = []
     deadline = time.monotonic() + timeout_s
+    cancelled = False
     while True:
         runs = instance_runs(instance, name)
         if not runs:
-            return asked
+            return seen
         for run in runs:
-            if run.run_id not in asked:
-                asked.append(run.run_id)
+            if run.run_id not in seen:
+                seen.append(run.run_id)
                 context.log.info(
                     f"stopping instance {run_index(run)} (run {run.run_id}, {run.status.value}): "
                     "it finishes its batch in flight, then exits"
                 )
-                _cancel(context, run)
             _settle_unstarted(instance, run)
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and not cancelled:
+            # A run stuck in a step does not look at the desired state: cancel it
+            # (SIGINT: it still finishes its batch if it can), then give it as long again.
+            cancelled = True
+            for run in runs:
+                context.log.warning(
+                    f"instance {run_index(run)} (run {run.run_id}) did not exit within "
+                    f"{timeout_s:.0f}s: cancelling it"
+                )
+                _cancel(context, run)
+            deadline = time.monotonic() + timeout_s
+        elif time.monotonic() > deadline:
             left = ", ".join(f"{r.run_id} ({r.status.value})" for r in runs)
             raise failure(
                 f"{name} is stopped (desired instances 0: the supervisor launches nothing), but "
-                f"these instance runs did not end within {timeout_s:.0f}s: {left}. Look at their "
-                "logs; run this job again to keep waiting, or terminate them from the Runs page."
+                f"these instance runs did not end within {2 * timeout_s:.0f}s, even cancelled: "
+                f"{left}. Look at their logs; run this job again to keep waiting, or terminate "
+                "them from the Runs page."
             )
         time.sleep(0.5)
 
@@ -156,7 +175,7 @@ def _cancel(context: dg.OpExecutionContext, run: dg.DagsterRun) -> None:
 
 
 def _settle_unstarted(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
-    """Mark canceled a cancelled run that has no process to end it (never started, or gone)."""
+    """Mark canceled a run that has no process to end it (never started, or cancelled and gone)."""
     current = instance.get_run_by_id(run.run_id)
     if current is None or current.is_finished:
         return
@@ -185,7 +204,7 @@ def start_topology(
 ) -> None:
     """Start ``config.topology`` again (or deploy it): the supervisor launches its instances."""
     name = config.topology
-    reg = registered(name)
+    reg = acting_on(context, name)
     if config.target_instances < 0:
         raise failure(
             f"target_instances must be >= 0 (0: as before the stop), got "

@@ -7,13 +7,23 @@ this sensor, for each deployed topology (one with a desired state):
 
 1. takes the latest observation of every unfinished instance run of the
    topology, if it is newer than ``STREAM_ASSETS_METRICS_STALE_S``;
-2. sums them (:func:`~stream_assets.control.metrics.aggregate`) and observes
-   - the **topology** asset with the desired state (``desired_instances``,
-     ``generation``, ``phase``, ``paused``), ``running_instances`` and the
-     totals (``records_per_s``, ``lag``, ``state_bytes``, ...);
-   - every **sink** topic with the totals, under the keys instances used to
-     write there (``records_per_s``, ``lag``, ``records_out``, ...);
-   - every **source** topic with the topology's lag and input rate there.
+2. sums them (:func:`~stream_assets.control.metrics.aggregate`) and
+   - *materializes* the **topology** asset with its headline first (``1_lag``,
+     ``2_records_per_s``, ``3_records_out_per_s``, ``4_dead_letters``,
+     ``5_running_instances``, ``6_desired_instances``), then ``phase``,
+     ``paused``, ``generation`` and the other totals (``all.state_bytes``, ...);
+   - observes every **sink** topic with the totals, under the keys instances
+     used to write there (``records_per_s``, ``lag``, ``records_out``, ...);
+   - observes every **source** topic with the topology's lag and input rate there.
+
+Why a materialization for the topology's own numbers: the instances observe
+the same asset every few seconds, and the asset page's Metadata table shows
+the latest materialization before any observation (and refreshes when a new
+one arrives). As observations, the totals would lead that table only when no
+instance happened to report after them. In the Events tab, materializations
+are then the topology's numbers and observations the instances' reports (the
+type filter separates them); alerts are failed asset checks, not events
+(jobs/alerts.py, jobs/checks.py).
 
 Why a sensor and not, say, instance 0: the totals need every instance's
 numbers and the desired state, and must go on while any one instance is down
@@ -23,7 +33,7 @@ asset's plots are topology totals instead of a line jumping between instances.
 A topic that several topologies use (a shared source, or one topology's sink
 feeding another) gets each topology's keys prefixed ``<job id>.``.
 
-Observations are emitted only when there is something new: the cursor keeps,
+Events are emitted only when there is something new: the cursor keeps,
 per topology, the newest instance observation summed and the desired state
 last shown.
 
@@ -31,8 +41,10 @@ Example (one tick, as the daemon makes it)::
 
     >>> context = dg.build_sensor_context(instance=instance)  # doctest: +SKIP
     >>> result = topology_metrics_sensor(context)  # doctest: +SKIP
-    >>> sorted({e.asset_key.to_user_string() for e in result.asset_events})  # doctest: +SKIP
-    ['topics/sourceTopic', 'topics/wordcount_out', 'topologies/wordcount']
+    >>> sorted((e.asset_key.to_user_string(), type(e).__name__)
+    ...        for e in result.asset_events)  # doctest: +SKIP
+    [('topics/sourceTopic', 'AssetObservation'), ('topics/wordcount_out', 'AssetObservation'),
+     ('topologies/wordcount', 'AssetMaterialization')]
 """
 
 import json
@@ -71,6 +83,9 @@ LIVE = [
 #: At most this many recent topology observations are read per tick: far more
 #: than instances x (stale_s / metrics interval).
 OBSERVATIONS_LIMIT = 1000
+
+#: What the sensor records: the topology's materialization, the topics' observations.
+MetricsEvent = dg.AssetMaterialization | dg.AssetObservation
 
 
 def live_run_ids(instance: dg.DagsterInstance, job_id: str) -> set[str]:
@@ -136,7 +151,7 @@ def _desired_signature(state: DesiredState) -> str:
     return json.dumps([state.target_instances, generation, state.phase, state.paused])
 
 
-def topology_observations(
+def topology_events(
     instance: dg.DagsterInstance,
     topology: Topology,
     state: DesiredState,
@@ -144,8 +159,8 @@ def topology_observations(
     now: float,
     settings: MetricsSettings,
     seen: Mapping[str, Any],
-) -> tuple[list[dg.AssetObservation], dict[str, Any]]:
-    """One topology's observations this tick, and its cursor entry after them.
+) -> tuple[list[MetricsEvent], dict[str, Any]]:
+    """One topology's events this tick, and its cursor entry after them.
 
     ``seen`` is its cursor entry from the previous tick (``{}`` the first time).
     """
@@ -157,8 +172,8 @@ def topology_observations(
     if not fresh and signature == seen.get("desired"):
         return [], dict(seen)
     totals = aggregate(reports) if reports else None
-    events = [
-        dg.AssetObservation(
+    events: list[MetricsEvent] = [
+        dg.AssetMaterialization(
             asset_key=topology_asset_key(job_id),
             metadata=topology_metadata(
                 totals,
@@ -211,8 +226,8 @@ def build_metrics_sensor(
         name=name,
         minimum_interval_seconds=interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Sums the running instances' numbers into topology totals and observes "
-        "the topology, sink and source assets with them.",
+        description="Sums the running instances' numbers into topology totals: the topology "
+        "asset's materialization (headline first), observations of its sink and source topics.",
     )
     def metrics_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         now = time.time()
@@ -221,9 +236,9 @@ def build_metrics_sensor(
         states = DesiredStateStore(context.instance).get_many(registrations)
         topologies = {name: reg.topology() for name, reg in registrations.items()}
         users = topic_users(topologies)
-        events: list[dg.AssetObservation] = []
+        events: list[MetricsEvent] = []
         for job_id, state in sorted(states.items()):
-            found, cursor[job_id] = topology_observations(
+            found, cursor[job_id] = topology_events(
                 context.instance,
                 topologies[job_id],
                 state,

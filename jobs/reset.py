@@ -30,7 +30,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from jobs.failures import failure, registered
+from jobs.failures import acting_on, failure
 from resources.rocketmq import RocketMQResource
 from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.reset import (
@@ -81,7 +81,7 @@ def reset(
     state_store: RocksDBStateStoreResource,
 ) -> None:
     """Reset ``config.topology`` to ``config.to_time``: offsets, state topics, local stores."""
-    reg = registered(config.topology)
+    reg = acting_on(context, config.topology)
     try:
         target = parse_reset_time(config.to_time)
     except ValueError as exc:

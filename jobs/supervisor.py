@@ -12,12 +12,16 @@ stop and start jobs), each tick:
      default run launcher never notices a killed run worker);
    - process alive, no heartbeat yet: **starting**, however long Spark takes
      (no fixed grace kills a live run);
-   - process alive, heartbeat older than ``heartbeat_timeout_s``: **hung**. It
-     is terminated (SIGTERM, SIGKILL after ``terminate_grace_s``) and only
-     then marked failed, so it can never run beside its replacement. Not while
-     it is expected to be silent: during a rebalance (phases ``warm`` and
-     ``release``, whose steps run in the loop that beats), and while it exits
-     by itself (topology stopped, index scaled away).
+   - process alive, heartbeat older than ``heartbeat_timeout_s``: **hung**
+     (the heartbeat comes from a thread of its own: the process cannot run);
+   - process alive and beating, but its run loop has not gone round for
+     ``stall_timeout_s``: **hung** (stuck in one step). A run reporting a
+     step under way (a query start, a release, a warm-up) within that bound
+     is alive, however long the step or a batch takes.
+
+   A hung run is terminated (SIGTERM, SIGKILL after ``terminate_grace_s``)
+   and only then marked failed, so it can never run beside its replacement;
+   not while it exits by itself (topology stopped, index scaled away).
 
    A run on another host (or whose pid is unknown) is judged by its heartbeat:
    dead when it is older than ``heartbeat_timeout_s``, or when no heartbeat
@@ -62,6 +66,7 @@ from typing import Any, Literal
 import dagster as dg
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.launcher.sync_in_memory_run_launcher import SyncInMemoryRunLauncher
+from dagster._core.storage.dagster_run import RunRecord
 
 from jobs.instance_job import (
     INSTANCE_JOB,
@@ -207,7 +212,7 @@ def judge(
                 f"(timeout {timeout:.0f} s): hung",
                 process,
             )
-        return Liveness("alive", "heartbeating", process)
+        return _progress(beat, process, now, settings)
     where = process.describe() if process is not None else "its process (pid unknown)"
     if beat is not None:
         age = beat.age(now)
@@ -218,7 +223,7 @@ def judge(
                 "checked from here",
                 process,
             )
-        return Liveness("alive", "heartbeating", process)
+        return _progress(beat, process, now, settings)
     if started_at is not None and now - started_at > settings.startup_grace_s:
         return Liveness(
             "dead",
@@ -227,6 +232,26 @@ def judge(
             process,
         )
     return Liveness("starting", "no heartbeat yet (within the startup grace)", process)
+
+
+def _progress(
+    beat: Heartbeat, process: RunProcess | None, now: float, settings: SupervisorSettings
+) -> Liveness:
+    """A beating run: alive, unless its loop has been stuck in one step past the bound.
+
+    The beat comes from a thread of its own, so it proves only that the process
+    runs; the loop's last round says whether the run gets anywhere.
+    """
+    stalled = beat.stalled_s(now)
+    doing = beat.activity(now)
+    if stalled > settings.stall_timeout_s:
+        return Liveness(
+            "hung",
+            f"its loop has not gone round for {stalled:.0f} s (stall timeout "
+            f"{settings.stall_timeout_s:.0f} s){'; busy ' + doing if doing else ''}: hung",
+            process,
+        )
+    return Liveness("alive", f"heartbeating{'; ' + doing if doing else ''}", process)
 
 
 def _launches_locally(instance: dg.DagsterInstance) -> bool:
@@ -287,14 +312,13 @@ _JUDGED = (
 
 
 def _patience(state: DesiredState, run: dg.DagsterRun) -> str | None:
-    """Why a silent but live run of ``state``'s topology must not be terminated, if it must not.
+    """Why a hung run of ``state``'s topology must not be terminated, if it must not.
 
-    An instance beats from its supervise loop, which also carries out the steps
-    of a rebalance (warming stores up, releasing queues) and its own exit
-    (finishing its batch): a run doing one of those is silent, not hung.
+    A run on its way out (topology stopped, index scaled away) is finishing its
+    batch and exits by itself; nothing replaces it, so ending it gains nothing.
+    A rebalance is no reason: the heartbeat comes from a thread of its own,
+    and the steps of a rebalance have the stall bound like any other.
     """
-    if state.phase != "run":
-        return f"a rebalance is under way (phase {state.phase!r})"
     allocation = state.allocation
     if state.target_instances == 0:
         return "the topology is stopped: it is finishing its batch before it exits"
@@ -353,12 +377,16 @@ def _settle(
         yield from (f"{name}: {line}" for line in lines)
         for run, liveness in hung:
             label = f"{name}: instance {run_index(run)} (run {run.run_id})"
-            assert liveness.process is not None
-            if not gone.get(liveness.process.pid, False):
+            process = liveness.process
+            if process is None or not gone.get(process.pid, False):
+                where = (
+                    f"kill -9 {process.pid} on {process.host or 'its host'}"
+                    if process is not None
+                    else "its pid is unknown here"
+                )
                 yield (
                     f"{label}: {liveness.reason}, and its process could not be terminated; no "
-                    "replacement is launched while it lives. Kill it by hand (kill -9 "
-                    f"{liveness.process.pid} on {liveness.process.host})."
+                    f"replacement is launched while it lives. Kill it by hand ({where})."
                 )
                 continue
             reason = f"{liveness.reason}; terminated"
@@ -471,6 +499,8 @@ def crash_history(
             (float(r.end_time or r.update_timestamp.timestamp()), r)
             for r in records
             if float(r.end_time or r.update_timestamp.timestamp()) >= since
+            # Not the instance's doing: neither a crash nor a break in a crash streak.
+            and launch_failure(instance, r) is None
         ),
         key=lambda pair: pair[0],
         reverse=True,
@@ -490,6 +520,41 @@ def crash_history(
         last_at=streak[0][0] if streak else 0.0,
         last_run_id=streak[0][1].dagster_run.run_id if streak else None,
     )
+
+
+#: The error Dagster's run queue records when it cannot reach the code server to
+#: launch a run (a gRPC DEADLINE_EXCEEDED or UNAVAILABLE from a busy code server).
+_UNREACHABLE = "DagsterUserCodeUnreachableError"
+
+
+def launch_failure(instance: dg.DagsterInstance, record: RunRecord) -> str | None:
+    """Why a failed run never started, if the code server was unreachable (else None).
+
+    Such a run had no process: the instance never ran, so it is not a crash
+    and must not feed the crash-loop backoff. Dagster's run queue retries these
+    launches itself (``run_queue.max_user_code_failure_retries`` in
+    dagster.yaml); a run fails only when those retries ran out, and the
+    supervisor then simply launches the index again. A code location that
+    fails to *load* is the instance's code: that stays a crash.
+
+    Example::
+
+        >>> record = instance.get_run_record_by_id(run_id)  # doctest: +SKIP
+        >>> launch_failure(instance, record)  # doctest: +SKIP
+        'Could not reach user code server. gRPC Error code: DEADLINE_EXCEEDED'
+    """
+    run = record.dagster_run
+    if run.status != dg.DagsterRunStatus.FAILURE or record.start_time is not None:
+        return None
+    engine = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+    for entry in engine.records:
+        event = entry.event_log_entry.dagster_event
+        error = event.engine_event_data.error if event is not None else None
+        while error is not None:
+            if error.cls_name == _UNREACHABLE:
+                return _one_line(error.message, 300)
+            error = error.cause
+    return None
 
 
 #: Run-failure messages Dagster writes itself, which say nothing of the cause.
@@ -589,7 +654,25 @@ def plan_topology(
             last_error = failure_message(instance, history.last_run_id or "")
             yield f"{name}: {history.describe(now, settings, last_error)}"
             continue
+        refused = _last_launch_failure(instance, name, index)
+        if refused is not None:
+            yield (
+                f"{name}: instance {index} could not be launched ({refused}): Dagster could not "
+                "reach the code server, which is not the instance's fault; launching it again "
+                "(not counted as a crash)"
+            )
         yield _request(instance, name, allocation, index)
+
+
+def _last_launch_failure(instance: dg.DagsterInstance, name: str, index: int) -> str | None:
+    """:func:`launch_failure` of the newest run of instance ``index`` of ``name``."""
+    newest = instance.get_run_records(
+        filters=dg.RunsFilter(
+            job_name=INSTANCE_JOB, tags={TOPOLOGY_TAG: name, INSTANCE_INDEX_TAG: str(index)}
+        ),
+        limit=1,
+    )
+    return launch_failure(instance, newest[0]) if newest else None
 
 
 def _request(

@@ -4,7 +4,10 @@
 ``master`` at a cluster (``spark://...``, ``yarn``, ``k8s://...``) when one
 machine is no longer enough. Unset fields fall back to the engine's settings
 (``STREAM_ASSETS_ENGINE_SPARK_MASTER``, ``STREAM_ASSETS_ENGINE_SPARK_CONF``);
-``conf`` entries override the environment's entry by entry.
+``conf`` entries override the environment's entry by entry. Instances run
+Spark quietly unless ``conf`` says otherwise: no console progress bar, known
+harmless Java stack traces folded into one line
+(:mod:`stream_assets.runtime.spark_logging`).
 
 Example::
 

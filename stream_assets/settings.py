@@ -245,7 +245,16 @@ class SupervisorSettings(BaseSettings):
         default=30.0,
         gt=0,
         description="A run whose last heartbeat is older is hung (process alive: terminated) "
-        "or dead (process gone, or on another host).",
+        "or dead (process gone, or on another host). Runs beat from a thread of their own, "
+        "so only a process that cannot run at all (frozen, wedged) falls silent.",
+    )
+    stall_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="A run whose loop has not gone round for longer is hung: one step of it "
+        "(a query start, finishing the batch in flight at a release, warming stores up) may "
+        "take this long on a busy machine, and a run reporting such a step within it is "
+        "never terminated. Batches do not count: the loop does not wait for them.",
     )
     startup_grace_s: float = Field(
         default=180.0,

@@ -1,11 +1,15 @@
-"""Alerts about instance runs, and the user hooks that receive them.
+"""Alerts about a topology, and the user hooks that receive them.
 
 An :class:`Alert` is raised when an instance run of a topology fails (its
 process crashed or was killed, the supervisor found it dead or hung, or the
-op raised), and again, as a ``crash_loop``, when failures come so fast that
-the supervisor backs off before relaunching. The Dagster alert sensor
-(jobs/alerts.py) logs it, records it on the topology's asset and calls every
-hook named in ``STREAM_ASSETS_ALERT_HOOKS`` (comma-separated
+op raised), again, as a ``crash_loop``, when failures come so fast that
+the supervisor backs off before relaunching, and as ``dead_letters`` when
+records of the topology became dead letters since the previous check (once
+per new batch, not once per check). Crash alerts come from the Dagster alert
+sensor (jobs/alerts.py), dead-letter alerts from the checks (jobs/checks.py);
+each is logged, shown in the UI as a failed asset check (crashes: ERROR on
+the topology's asset; dead letters: WARN on its dead-letter topic), and
+passed to every hook named in ``STREAM_ASSETS_ALERT_HOOKS`` (comma-separated
 ``module:function``), each with the :class:`Alert`.
 
 A hook is plain Python: page someone, post to a chat, write a file. It runs
@@ -32,34 +36,51 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-AlertKind = Literal["crash", "crash_loop"]
+AlertKind = Literal["crash", "crash_loop", "dead_letters", "launch_failed"]
 
 
 @dataclass(frozen=True)
 class Alert:
-    """Something an operator should know about one instance of a topology.
+    """Something an operator should know about a topology (or one of its instances).
 
-    ``crashes`` is the number of failed runs of this instance within the
-    supervisor's crash window (``STREAM_ASSETS_CRASH_WINDOW_S``), this one
-    included. ``kind`` is ``"crash_loop"`` when the supervisor backs off
-    before relaunching (``retry_in_s`` from the failure), ``"crash"`` otherwise.
+    ``instance`` is the instance index, or None for an alert about the whole
+    topology (dead letters: any instance may have written them). ``crashes`` is
+    the number of failed runs of this instance within the supervisor's crash
+    window (``STREAM_ASSETS_CRASH_WINDOW_S``), this one included. ``kind`` is
+    ``"crash_loop"`` when the supervisor backs off before relaunching
+    (``retry_in_s`` from the failure), ``"crash"`` for another failed run, and
+    ``"dead_letters"`` for ``dead_letters`` new dead letters (``message`` says
+    where and how many in all), and ``"launch_failed"`` for a run Dagster could
+    not launch because its code server did not answer: not a crash, not counted
+    in ``crashes``, and the supervisor launches the instance again at once.
 
     Example::
 
         >>> print(Alert("wc", 0, "r1", "boom", 3, "crash_loop", 60.0).describe())
         instance 0 of wc is crash-looping: 3 failures in the window; next attempt in 60 s ...
+        >>> Alert("wc", None, "", "2 new dead letter(s) in wc__dead-letters (5 in all)", 0,
+        ...       "dead_letters", dead_letters=2).describe()
+        'wc: 2 new dead letter(s) in wc__dead-letters (5 in all)'
     """
 
     topology: str
-    instance: int
+    instance: int | None
     run_id: str
     message: str
     crashes: int
     kind: AlertKind = "crash"
     retry_in_s: float = 0.0
+    dead_letters: int = 0
 
     def describe(self) -> str:
         """One line for logs and chat."""
+        if self.kind == "dead_letters":
+            return f"{self.topology}: {self.message}"
+        if self.kind == "launch_failed":
+            return (
+                f"instance {self.instance} of {self.topology} could not be launched (run "
+                f"{self.run_id}): {self.message}; not a crash, launched again"
+            )
         if self.kind == "crash_loop":
             return (
                 f"instance {self.instance} of {self.topology} is crash-looping: {self.crashes} "

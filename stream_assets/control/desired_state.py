@@ -201,12 +201,43 @@ class Heartbeat:
     released_at: float = 0.0
     running: int = -1
     running_at: float = 0.0
+    #: Progress, beside liveness (the beat itself comes from a thread of its own):
+    #: when the run loop last went round (0: unknown), the long step it is in
+    #: ("" when none) and since when, when a micro-batch last completed (0: none yet).
+    loop_at: float = 0.0
+    busy: str = ""
+    busy_since: float = 0.0
+    batch_at: float = 0.0
 
     __hash__ = None  # type: ignore[assignment]
 
     def age(self, now: float | None = None) -> float:
         """Seconds since this heartbeat (``now`` defaults to ``time.time()``)."""
         return (time.time() if now is None else now) - self.ts
+
+    def stalled_s(self, now: float | None = None) -> float:
+        """Seconds since the run loop last went round (0 when the beat does not say).
+
+        Example::
+
+            >>> Heartbeat("wc", 1, 0, "r", ts=100.0, loop_at=40.0).stalled_s(now=100.0)
+            60.0
+        """
+        if self.loop_at <= 0:
+            return 0.0
+        return max(0.0, (time.time() if now is None else now) - self.loop_at)
+
+    def activity(self, now: float | None = None) -> str:
+        """What the run is busy with, and for how long: ``starting ... (for 45 s)`` or "".
+
+        Example::
+
+            >>> Heartbeat("wc", 1, 0, "r", ts=0.0, busy="starting", busy_since=5.0).activity(50.0)
+            'starting (for 45 s)'
+        """
+        if not self.busy:
+            return ""
+        return f"{self.busy} (for {(time.time() if now is None else now) - self.busy_since:.0f} s)"
 
     def to_json(self) -> str:
         """The stored form."""
@@ -225,6 +256,10 @@ class Heartbeat:
             "released_at": self.released_at,
             "running": self.running,
             "running_at": self.running_at,
+            "loop_at": self.loop_at,
+            "busy": self.busy,
+            "busy_since": self.busy_since,
+            "batch_at": self.batch_at,
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -246,6 +281,10 @@ class Heartbeat:
             released_at=float(data.get("released_at", 0.0)),
             running=int(data.get("running", -1)),
             running_at=float(data.get("running_at", 0.0)),
+            loop_at=float(data.get("loop_at", 0.0)),
+            busy=str(data.get("busy", "")),
+            busy_since=float(data.get("busy_since", 0.0)),
+            batch_at=float(data.get("batch_at", 0.0)),
         )
 
 
@@ -268,6 +307,10 @@ def record_heartbeat(
     released_at: float = 0.0,
     running: int = -1,
     running_at: float = 0.0,
+    loop_at: float = 0.0,
+    busy: str = "",
+    busy_since: float = 0.0,
+    batch_at: float = 0.0,
 ) -> Heartbeat:
     """Record that run ``run_id`` (instance ``instance_index`` of ``job_id``) is alive.
 
@@ -296,6 +339,10 @@ def record_heartbeat(
         released_at=released_at,
         running=running,
         running_at=running_at,
+        loop_at=loop_at,
+        busy=busy,
+        busy_since=busy_since,
+        batch_at=batch_at,
     )
     _write(instance, heartbeat_key(run_id), beat.to_json())
     return beat

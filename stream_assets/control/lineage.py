@@ -198,9 +198,10 @@ def _topology_spec(topology: Topology) -> dg.AssetSpec:
             f"Streaming topology `{topology.job_id}`: {len(topology.stages)} stage(s), "
             f"reads {', '.join(f'`{t}`' for t in topology.source_topics)}. "
             # Says where the numbers on this asset come from (two writers, distinct keys).
-            "Observations: each instance's own numbers under `instance_<i>.*`; the "
-            "topology's desired state and totals (desired_instances, generation, "
-            "records_per_s, lag, state_bytes, ...) from the metrics sensor."
+            "Materializations: the topology's totals from the metrics sensor, headline "
+            "first (1_lag, 2_records_per_s, 3_records_out_per_s, 4_dead_letters, "
+            "5_running_instances, 6_desired_instances); observations: each instance's "
+            "own numbers under `instance_<i>.*`."
         ),
         group_name=key_component(topology.job_id),
         kinds={"spark"},

@@ -7,14 +7,24 @@ jumped between instances (the zig-zag), and an idle instance's zero landed in
 the middle of a busy one's rate. So every series has exactly one writer:
 
 - **each instance run** (``jobs/instance_job.py``, ``_observe``) observes only
-  its **topology** asset: ``instance`` (its index, as text: a label, not a
-  number to plot), ``generation``, and its own numbers under keys named for it,
-  ``instance_<i>.records_per_s``, ``instance_<i>.lag``, ... (:func:`instance_metadata`);
+  its **topology** asset: ``instance`` and ``generation`` (as text: labels,
+  not numbers to plot), and its own numbers under keys named for it,
+  ``instance_<i>.lag``, ``instance_<i>.records_per_s``, ... (:func:`instance_metadata`);
 - **the metrics sensor** (``jobs/metrics.py``) sums the latest observation of
-  every live instance run (:func:`aggregate`) and observes the topology asset
-  under plain keys (desired instances, generation, totals: :func:`topology_metadata`),
-  every sink topic (:func:`sink_metadata`) and every source topic
+  every live instance run (:func:`aggregate`) and records the topology asset's
+  own numbers (:func:`topology_metadata`) as its *materialization*, and
+  observes every sink topic (:func:`sink_metadata`) and every source topic
   (:func:`source_metadata`) with topology totals.
+
+What a user reads first on the topology asset (:data:`HEADLINE`): total lag,
+input and output rates, dead letters, running and desired instances. The UI
+shows an event's metadata in insertion order, and the asset page's Metadata
+table shows the latest materialization before any observation, so the
+headline always leads that table however often the instances observe; the
+Plots tab sorts its charts by key, so the headline keys start with their rank
+(``1_lag``, ``2_records_per_s``, ...) and sort before the topology's other
+totals (``all.<name>``) and the per-instance detail (``instance_<i>.<name>``).
+Identifiers (instance index, generation, phase) are text: never plotted.
 
 Rates come from cumulative counters and the wall time between two samples at
 least ``rate_window_s`` apart (:class:`RateMeter`), never from "what finished
@@ -42,8 +52,30 @@ from stream_assets.plan.topology import Topology
 
 #: Metadata key of an instance's index on its own observations (text).
 INSTANCE_KEY = "instance"
-#: Metadata key of the allocation generation an instance serves (int).
+#: Metadata key of an allocation generation (text: an identifier, not a number to plot).
 GENERATION_KEY = "generation"
+
+#: The topology asset's headline, in reading order: total lag (uncommitted messages of
+#: every stage input), input and output records/s, dead letters (since the running
+#: instances started), instances running and desired. The rank in front makes the UI's
+#: key-sorted plots list them first, in this order.
+LAG_KEY = "1_lag"
+RECORDS_PER_S_KEY = "2_records_per_s"
+RECORDS_OUT_PER_S_KEY = "3_records_out_per_s"
+DEAD_LETTERS_KEY = "4_dead_letters"
+RUNNING_KEY = "5_running_instances"
+DESIRED_KEY = "6_desired_instances"
+HEADLINE = (
+    LAG_KEY,
+    RECORDS_PER_S_KEY,
+    RECORDS_OUT_PER_S_KEY,
+    DEAD_LETTERS_KEY,
+    RUNNING_KEY,
+    DESIRED_KEY,
+)
+#: Prefix of the topology's other totals: sorts after the headline and before the
+#: per-instance detail (``instance_<i>.``).
+TOTALS_PREFIX = "all."
 
 
 # -- rates ---------------------------------------------------------------------
@@ -257,8 +289,10 @@ def instance_metadata(
 
         >>> md = instance_metadata(1, 4, InstanceNumbers(records_in=900, lag=3),
         ...                        {"records_in": Rate(30.0, 30.0), "records_out": None})
-        >>> md["instance"].value, md["generation"], md["instance_1.records_per_s"]
-        ('1', 4, 30.0)
+        >>> md["instance"].value, md["generation"].value, md["instance_1.records_per_s"]
+        ('1', '4', 30.0)
+        >>> list(md)[:4]
+        ['instance', 'generation', 'instance_1.lag', 'instance_1.records_per_s']
         >>> "instance_1.records_out_per_s" in md
         False
     """
@@ -266,28 +300,34 @@ def instance_metadata(
     def key(name: str) -> str:
         return instance_key(index, name)
 
-    md: dict[str, Any] = {
-        # Text: the index labels the observation; as a number the UI would plot it.
-        INSTANCE_KEY: dg.MetadataValue.text(str(index)),
-        GENERATION_KEY: generation,
-        key("records_in"): numbers.records_in,
-        key("records_out"): numbers.records_out,
-        key("dead_letters"): numbers.dead_letters,
-        key("late"): numbers.late,
-        key("lag"): numbers.lag,
-        key("source_lag"): numbers.source_lag,
-        key("state_keys"): numbers.state_keys,
-        key("state_bytes"): numbers.state_bytes,
-        key("lag_per_queue"): dg.MetadataValue.json(
-            {t: {str(q): v for q, v in qs.items()} for t, qs in numbers.lag_per_queue.items()}
-        ),
-    }
     rate_in, rate_out = rates.get("records_in"), rates.get("records_out")
+    md: dict[str, Any] = {
+        # Text: index and generation label the observation; as numbers the UI would plot them.
+        INSTANCE_KEY: dg.MetadataValue.text(str(index)),
+        GENERATION_KEY: dg.MetadataValue.text(str(generation)),
+        # The instance's share of the headline first, in the headline's order.
+        key("lag"): numbers.lag,
+    }
     if rate_in is not None:
         md[key("records_per_s")] = _rounded(rate_in)
-        md[key("rate_window_s")] = round(rate_in.over_s, 1)
     if rate_out is not None:
         md[key("records_out_per_s")] = _rounded(rate_out)
+    md.update(
+        {
+            key("dead_letters"): numbers.dead_letters,
+            key("source_lag"): numbers.source_lag,
+            key("late"): numbers.late,
+            key("records_in"): numbers.records_in,
+            key("records_out"): numbers.records_out,
+            key("state_keys"): numbers.state_keys,
+            key("state_bytes"): numbers.state_bytes,
+            key("lag_per_queue"): dg.MetadataValue.json(
+                {t: {str(q): v for q, v in qs.items()} for t, qs in numbers.lag_per_queue.items()}
+            ),
+        }
+    )
+    if rate_in is not None:
+        md[key("rate_window_s")] = round(rate_in.over_s, 1)
     by_source = {
         t: _rounded(rates.get(f"records_in:{t}"))
         for t in numbers.records_in_by_source
@@ -483,36 +523,62 @@ def topology_metadata(
     paused: bool = False,
     instances: Sequence[InstanceReport] = (),
 ) -> dict[str, Any]:
-    """The topology asset's own observation: desired state, then totals (if any instance reports).
+    """The topology asset's own numbers: the :data:`HEADLINE` first, then its state and details.
+
+    Order is what the asset page shows: lag, rates and dead letters (when any
+    instance reports; a rate only once known), running and desired instances;
+    then ``phase``, ``paused`` and ``generation`` (text); then the other totals
+    under ``all.``, the lag per queue and one line per instance (JSON).
 
     Example::
 
         >>> md = topology_metadata(None, desired_instances=2, generation=5, running_instances=0)
-        >>> md["desired_instances"], md["generation"], md["running_instances"], "lag" in md
-        (2, 5, 0, False)
+        >>> list(md)
+        ['5_running_instances', '6_desired_instances', 'phase', 'paused', 'generation']
+        >>> t = aggregate([InstanceReport(0, 5, InstanceNumbers(lag=4, dead_letters=1), 9.5)])
+        >>> md = topology_metadata(t, desired_instances=1, generation=5, running_instances=1)
+        >>> list(md)[:4], md["generation"].value
+        (['1_lag', '2_records_per_s', '4_dead_letters', '5_running_instances'], '5')
     """
-    md: dict[str, Any] = {
-        "desired_instances": -1 if desired_instances is None else desired_instances,
-        "generation": -1 if generation is None else generation,
-        "running_instances": running_instances,
-        "phase": dg.MetadataValue.text(phase),
-        "paused": dg.MetadataValue.bool(paused),
-    }
+    md: dict[str, Any] = {}
     if totals is not None:
-        md.update(_totals_metadata(totals))
-        md["lag_per_queue"] = _lag_json(totals.numbers.lag_per_queue)
-        md["instances"] = dg.MetadataValue.json(
-            {
-                str(r.index): {
-                    "generation": r.generation,
-                    "run_id": r.run_id,
-                    "records_per_s": r.records_per_s,
-                    "lag": r.numbers.lag,
-                    "state_bytes": r.numbers.state_bytes,
-                }
-                for r in sorted(instances, key=lambda r: r.index)
+        md[LAG_KEY] = totals.numbers.lag
+        if totals.records_per_s is not None:
+            md[RECORDS_PER_S_KEY] = totals.records_per_s
+        if totals.records_out_per_s is not None:
+            md[RECORDS_OUT_PER_S_KEY] = totals.records_out_per_s
+        md[DEAD_LETTERS_KEY] = totals.numbers.dead_letters
+    md[RUNNING_KEY] = running_instances
+    md[DESIRED_KEY] = -1 if desired_instances is None else desired_instances
+    md["phase"] = dg.MetadataValue.text(phase)
+    md["paused"] = dg.MetadataValue.bool(paused)
+    md[GENERATION_KEY] = dg.MetadataValue.text("none" if generation is None else str(generation))
+    if totals is None:
+        return md
+    n = totals.numbers
+    details = {
+        "source_lag": n.source_lag,
+        "late": n.late,
+        "records_in": n.records_in,
+        "records_out": n.records_out,
+        "state_keys": n.state_keys,
+        "state_bytes": n.state_bytes,
+        "reporting_instances": totals.instances,
+    }
+    md.update({f"{TOTALS_PREFIX}{k}": v for k, v in details.items()})
+    md["lag_per_queue"] = _lag_json(n.lag_per_queue)
+    md["instances"] = dg.MetadataValue.json(
+        {
+            str(r.index): {
+                "generation": r.generation,
+                "run_id": r.run_id,
+                "records_per_s": r.records_per_s,
+                "lag": r.numbers.lag,
+                "state_bytes": r.numbers.state_bytes,
             }
-        )
+            for r in sorted(instances, key=lambda r: r.index)
+        }
+    )
     return md
 
 

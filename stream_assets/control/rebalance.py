@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from stream_assets.control.desired_state import DesiredState
@@ -50,9 +50,14 @@ class Rebalanceable(Protocol):
     def reassign(self, assignment: dict[str, list[int]], generation: int) -> None: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class Progress:
-    """How far this instance is in the latest rebalance (sent with every heartbeat)."""
+    """How far this instance is in the latest rebalance (sent with every heartbeat).
+
+    Frozen, and replaced whole at each step: the heartbeat thread reads it while
+    the run loop moves it, and must never send a half-made step (released
+    without its time).
+    """
 
     warmed: int = -1
     released: int = -1
@@ -126,7 +131,7 @@ class RebalanceFollower:
             if self.progress.warmed < gen:
                 if share is not None:
                     self.inst.warm_up(gained(share, self.assignment))
-                self.progress.warmed = gen
+                self.progress = replace(self.progress, warmed=gen)
                 self.log(f"generation {gen}: warmed up")
             return None
         self._release(gen, share)
@@ -148,8 +153,12 @@ class RebalanceFollower:
             self.inst.stop_queries()
             # From here until their new owner starts, these queues have none: the pause.
             released_at = time.time()
-        self.progress.released, self.progress.released_at = gen, released_at
-        self.progress.warmed = max(self.progress.warmed, gen)
+        self.progress = replace(
+            self.progress,
+            released=gen,
+            released_at=released_at,
+            warmed=max(self.progress.warmed, gen),
+        )
 
     def _take(self, share: Assignment, gen: int) -> None:
         if not (self.inst.running and _normal(share) == _normal(self.assignment)):
@@ -157,6 +166,10 @@ class RebalanceFollower:
             self.log(f"generation {gen}: running {owned}")
             self.inst.reassign(share, gen)
         self.assignment, self.generation = share, gen
-        self.progress.running, self.progress.running_at = gen, time.time()
-        self.progress.released = max(self.progress.released, gen)
-        self.progress.warmed = max(self.progress.warmed, gen)
+        self.progress = Progress(
+            warmed=max(self.progress.warmed, gen),
+            released=max(self.progress.released, gen),
+            released_at=self.progress.released_at,
+            running=gen,
+            running_at=time.time(),
+        )

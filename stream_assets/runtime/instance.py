@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.query_restart import RestartBudget, restartable
 from stream_assets.runtime.source import RocketMQDataSource, encode_layouts
+from stream_assets.runtime.spark_logging import quiet_spark_conf
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
 from stream_assets.runtime.user_code import ship_user_code
@@ -100,6 +102,14 @@ def _print(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+#: Wraps a long step with what it does: ``with busy("starting ..."): ...``.
+Busy = Callable[[str], AbstractContextManager[object]]
+
+
+def _unwatched(_what: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
 class Instance:
     """Runs a topology's stages over the queues assigned to this instance."""
 
@@ -112,7 +122,7 @@ class Instance:
         assignment: dict[str, list[int]] | None = None,
         generation: int = 0,
         progress: Progress = _print,
-        keepalive: Callable[[], None] = lambda: None,
+        busy: Busy = _unwatched,
     ) -> None:
         self.topology = topology
         self.group = group or topology.job_id
@@ -121,10 +131,10 @@ class Instance:
         self.assignment = assignment
         self.generation = generation
         self.progress = progress
-        #: Called before every attempt to start a stage query. A start blocks its
-        #: caller (an instance run's loop, which heartbeats), and under load each
-        #: attempt can take Spark's whole 10 s worker connect-back limit.
-        self.keepalive = keepalive
+        #: Wraps each long step (a query start, a release, a warm-up) so that the
+        #: instance run's heartbeat says what it is busy with and since when:
+        #: under load one query start can take a minute and more.
+        self.busy = busy
         self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -166,18 +176,22 @@ class Instance:
         from py4j.protocol import Py4JError
         from pyspark.sql import SparkSession
 
-        conf = {
-            "spark.master": self.engine.spark_master,
-            "spark.app.name": f"stream-assets-{self.topology.job_id}",
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.python.worker.reuse": "true",
-            "spark.sql.streaming.stopTimeout": "60s",
-            # Streaming queries cannot use it; left on, Spark warns once per query.
-            "spark.sql.adaptive.enabled": "false",
-            "spark.driver.memory": self.engine.driver_memory,
-            **self.engine.spark_conf,
-        }
+        # Quiet: no console progress bars, known harmless Java stack traces folded
+        # (the run's log is this process's stderr).
+        conf = quiet_spark_conf(
+            {
+                "spark.master": self.engine.spark_master,
+                "spark.app.name": f"stream-assets-{self.topology.job_id}",
+                "spark.ui.enabled": "false",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.python.worker.reuse": "true",
+                "spark.sql.streaming.stopTimeout": "60s",
+                # Streaming queries cannot use it; left on, Spark warns once per query.
+                "spark.sql.adaptive.enabled": "false",
+                "spark.driver.memory": self.engine.driver_memory,
+                **self.engine.spark_conf,
+            }
+        )
         spark = SparkSession.getActiveSession()
         if spark is None:
             builder = SparkSession.builder
@@ -259,6 +273,10 @@ class Instance:
             f"{len(self._queries)} stage queries on {self.engine.spark_master}"
         )
 
+    def last_batch_at(self) -> float:
+        """When a micro-batch of any stage last completed (epoch s; 0: none yet)."""
+        return max((m.last_batch_at for m in self.metrics.values()), default=0.0)
+
     @property
     def running(self) -> bool:
         """Whether the stage queries run (not between a release and a takeover)."""
@@ -276,9 +294,10 @@ class Instance:
         pairs = [(topic, q) for topic, queues in sorted(gained.items()) for q in queues]
         reader = QueueReader(self._admin, f"{self.group}-warm")
         try:
-            done = warm_queues(
-                self.topology, pairs, self.engine.state_dir, self._admin, reader, self.progress
-            )
+            with self.busy(f"warming up the stores of {len(pairs)} queues"):
+                done = warm_queues(
+                    self.topology, pairs, self.engine.state_dir, self._admin, reader, self.progress
+                )
         finally:
             reader.close()
         return len(done)
@@ -424,7 +443,15 @@ class Instance:
                 # then. Raising instead would log a Spark stack trace on every stop.
                 return
             began = time.monotonic()
-            rows = [r.asDict() for r in df.mapInArrow(task_fn(ctx), STATS_DDL).collect()]
+            try:
+                rows = [r.asDict() for r in df.mapInArrow(task_fn(ctx), STATS_DDL).collect()]
+            except Exception:
+                if self._stopping.is_set():
+                    # Cancelled by our own stop (its wait for the batch ran out): skipped
+                    # as above. Raised, Spark matches the long Python traceback with a
+                    # regex that overflows its thread's stack, and prints ~1 000 frames.
+                    return
+                raise
             ride_out_outage(
                 lambda: self._commit(stage, rows),
                 budget_s=self.engine.broker_outage_s,
@@ -564,10 +591,13 @@ class Instance:
         Starting a query runs the data source's planner in a new Python worker,
         under the same 10 s connect-back limit as the query's own runner.
         """
+        attempt = 0
         while True:
-            self.keepalive()
+            attempt += 1
+            again = f" (attempt {attempt})" if attempt > 1 else ""
             try:
-                return self._start_stage(stage)
+                with self.busy(f"starting the query of stage {stage.index}{again}"):
+                    return self._start_stage(stage)
             except Exception as exc:  # Py4J and Spark errors have no common base here
                 if not (restartable(exc) and self._restart_allowed(stage, exc)):
                     raise
@@ -606,6 +636,10 @@ class Instance:
 
     def stop_queries(self, timeout_s: float = 120.0) -> None:
         """Finish the batch in flight in every stage, then stop the queries (final checkpoint)."""
+        with self.busy("finishing the batch in flight and stopping the queries"):
+            self._stop_queries(timeout_s)
+
+    def _stop_queries(self, timeout_s: float) -> None:
         self._stopping.set()
         deadline = time.monotonic() + timeout_s
         for query in self._queries:

@@ -4,8 +4,14 @@ A real ``dagster-webserver`` (no daemon: nothing is launched) serves this
 project's ``workspace.yaml`` from a temporary DAGSTER_HOME. Before it starts,
 three observations of the WordCount sink topic are recorded in that home, one
 a minute, with the numeric metadata an instance run logs (``_observe`` in
-``jobs/instance_job.py``). Playwright then drives Debian's ``chromium``
-(``executable_path``: no browser download) and checks:
+``jobs/instance_job.py``); and on the ``wordcount`` topology asset, what a
+running deployment records there: two instances' observations
+(:func:`~stream_assets.control.metrics.instance_metadata`), the metrics
+sensor's materializations of the totals
+(:func:`~stream_assets.control.metrics.topology_metadata`), one more instance
+observation after them, and a crash alert (:func:`jobs.alerts.raise_alert`).
+Playwright then drives Debian's ``chromium`` (``executable_path``: no browser
+download) and checks:
 
 - the topology's Lineage tab draws ``sourceTopic -> wordcount`` and an edge
   from ``wordcount`` to each of its output topics (the sink ``wordcount_out``
@@ -15,7 +21,15 @@ a minute, with the numeric metadata an instance run logs (``_observe`` in
   vertices of its line, read from the canvas pixels, sit where 10, 30, 20 at
   equal time steps must sit (a linear map from value to pixel height);
 - the sink's Events tab lists the three observations and shows each one's
-  ``records_per_s`` value in its metadata table.
+  ``records_per_s`` value in its metadata table;
+- the topology's Overview reads at a glance: its Metadata table starts with
+  the headline (total lag, input and output rates, dead letters, instances
+  running and desired, in that order) although an instance observed last, and
+  its Plots start with the same six charts, in that order, with no chart for
+  an identifier (instance index, generation);
+- the crash alert is visibly an alert: the topology's Checks tab shows its
+  crash check failed with the alert's line, and the Events tab lists only the
+  metric events (the alert is not one more observation among them).
 
 Screenshots of the lineage and the plot are left in the test's tmp dir; on a
 failure the page (PNG and HTML) and the webserver log's tail are saved there too.
@@ -28,6 +42,7 @@ names another Chromium binary.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -45,13 +60,30 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
+from dagster._core.events import (
+    AssetObservationData,
+    DagsterEvent,
+    DagsterEventType,
+    StepMaterializationData,
+)
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from stream_assets.control.lineage import topic_asset_key, topology_asset_specs
+from jobs.alerts import raise_alert
+from jobs.checks import crash_check_key
+from stream_assets.control.alerts import Alert
+from stream_assets.control.lineage import topic_asset_key, topology_asset_key, topology_asset_specs
+from stream_assets.control.metrics import (
+    HEADLINE,
+    InstanceNumbers,
+    Rate,
+    aggregate,
+    instance_metadata,
+    parse_instance_metadata,
+    topology_metadata,
+)
 from stream_assets.control.registry import registration
-from stream_assets.settings import PROJECT_ROOT
+from stream_assets.settings import PROJECT_ROOT, SupervisorSettings
 from tests.browser.conftest import CALL_FAILED
 
 pytestmark = pytest.mark.ui
@@ -114,6 +146,63 @@ def _observe(
         job_name=RUNLESS_JOB_NAME,
     )
     instance.report_dagster_event(event, run_id=RUNLESS_RUN_ID, timestamp=ts)
+
+
+def _materialize(
+    instance: dg.DagsterInstance, key: dg.AssetKey, metadata: dict[str, Any], ts: float
+) -> None:
+    """A runless AssetMaterialization at time ``ts`` (as the metrics sensor's, reported
+    by the daemon)."""
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+        event_specific_data=StepMaterializationData(
+            dg.AssetMaterialization(key, metadata=metadata)
+        ),
+        job_name=RUNLESS_JOB_NAME,
+    )
+    instance.report_dagster_event(event, run_id=RUNLESS_RUN_ID, timestamp=ts)
+
+
+#: The crash the topology's alert is about (its failure message is looked for in the UI).
+ALERT = Alert(TOPOLOGY, 1, "f00dfeed", "the broker refused the connection", crashes=1)
+#: Metric events recorded on the topology asset: the sensor's materializations, and the
+#: instances' observations (two before each materialization, one after the last).
+TOPOLOGY_MATERIALIZATIONS = 2
+TOPOLOGY_OBSERVATIONS = 2 * TOPOLOGY_MATERIALIZATIONS + 1
+
+
+def _record_topology(instance: dg.DagsterInstance, start: float) -> None:
+    """What a running two-instance deployment of the topology leaves on its asset.
+
+    Instances 0 and 1 observe, the metrics sensor materializes their totals, twice;
+    then instance 0 observes once more (the newest event is an instance's); then an
+    instance run crashes and the alert sensor raises its alert.
+    """
+    key = topology_asset_key(TOPOLOGY)
+    rate = Rate(20.0, 30.0)
+    rates = {"records_in": rate, "records_out": rate}
+    for step in range(TOPOLOGY_MATERIALIZATIONS):
+        reports = []
+        for index in (0, 1):
+            numbers = InstanceNumbers(records_in=600 * (step + 1), lag=4 + index, dead_letters=1)
+            metadata = instance_metadata(index, 3, numbers, rates)
+            _observe(instance, key, metadata, start + step * STEP_S + index)
+            report = parse_instance_metadata(metadata, run_id=f"run-{index}")
+            assert report is not None
+            reports.append(report)
+        totals = topology_metadata(
+            aggregate(reports),
+            desired_instances=2,
+            generation=3,
+            running_instances=2,
+            instances=reports,
+        )
+        _materialize(instance, key, totals, start + step * STEP_S + 5)
+    numbers = InstanceNumbers(records_in=2000, lag=2)
+    _observe(instance, key, instance_metadata(0, 3, numbers, rates), start + 2 * STEP_S)
+    log = logging.getLogger(__name__)
+    log.addHandler(logging.NullHandler())
+    raise_alert(instance, ALERT, SupervisorSettings(alert_hooks=()), log)
 
 
 def _metadata(records_per_s: float, i: int) -> dict[str, Any]:
@@ -198,6 +287,7 @@ def dagster_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterUI]:
         start = time.time() - STEP_S * len(SERIES)
         for i, value in enumerate(SERIES):
             _observe(instance, topic_asset_key(SINK_TOPIC), _metadata(value, i), start + i * STEP_S)
+        _record_topology(instance, start)
     finally:
         instance.dispose()
 
@@ -413,3 +503,66 @@ def test_sink_events_list_each_observation(dagster_ui: DagsterUI, page: Page) ->
     for row, expected in zip(rows.all(), reversed(SERIES), strict=True):  # newest first
         row.click()
         expect(value.nth(1)).to_have_text(re.compile(rf"^\s*{expected:g}(\.0+)?\s*$"))
+
+
+# --- the topology at a glance ------------------------------------------------------------
+
+#: Labels of the plots grid that holds ``title``, in the order the grid shows them.
+_GRID_LABELS_JS = """(title) => {
+  let cell = title;
+  while (cell.parentElement && getComputedStyle(cell.parentElement).display !== 'grid') {
+    cell = cell.parentElement;
+  }
+  return Array.from(cell.parentElement.children).map((c) => c.innerText.split('\\n')[0].trim());
+}"""
+
+
+def test_topology_overview_shows_the_headline_first(
+    dagster_ui: DagsterUI, page: Page, tmp_path: Path
+) -> None:
+    page.goto(f"{dagster_ui.url}/assets/{'/'.join(topology_asset_key(TOPOLOGY).path)}")
+    # The Metadata table (Key | Timestamp | Value): the latest materialization's entries in
+    # their order, although an instance observed after it.
+    table = page.locator("table", has=page.locator("thead td", has_text=re.compile(r"^Key$")))
+    keys = table.locator("tbody > tr > td:first-child")
+    expect(keys.first).to_have_text(HEADLINE[0])
+    page.screenshot(path=tmp_path / "topology_overview.png", full_page=True)
+    assert [k.strip() for k in keys.all_inner_texts()[: len(HEADLINE)]] == list(HEADLINE)
+
+    page.get_by_role("button", name="Plots").click()
+    first = page.get_by_text(HEADLINE[0], exact=True)
+    expect(_plot_canvas(page, HEADLINE[0])).to_be_visible()
+    labels = [str(label) for label in first.evaluate(_GRID_LABELS_JS)]
+    page.screenshot(path=tmp_path / "topology_plots.png", full_page=True)
+    assert labels[: len(HEADLINE)] == list(HEADLINE), labels
+    # The per-instance detail is there, below; identifiers are never plotted.
+    assert {"instance_0.lag", "instance_1.lag", "all.state_bytes"} <= set(labels), labels
+    assert not {"instance", "generation", "phase"} & set(labels), labels
+
+
+def test_a_crash_alert_shows_as_a_failed_check_not_as_an_event(
+    dagster_ui: DagsterUI, page: Page, tmp_path: Path
+) -> None:
+    topology = "/".join(topology_asset_key(TOPOLOGY).path)
+    check = crash_check_key(TOPOLOGY).name
+    page.goto(f"{dagster_ui.url}/assets/{topology}?view=checks")
+
+    def shown(text: str, exact: bool = False) -> Locator:
+        # Visible matches only: the checks list also renders names into a hidden measure.
+        return page.get_by_text(text, exact=exact).filter(visible=True).first
+
+    # The topology's only check, selected: failed, with the alert's line as its result.
+    expect(shown(check, exact=True)).to_be_visible()
+    expect(shown("Failed", exact=True)).to_be_visible()
+    expect(shown(f"instance {ALERT.instance} of {TOPOLOGY} failed")).to_be_visible()
+    expect(shown(ALERT.message)).to_be_visible()
+    page.screenshot(path=tmp_path / "topology_checks.png", full_page=True)
+
+    # The Events tab lists the metric events only: the alert is not one more among them.
+    page.goto(f"{dagster_ui.url}/assets/{topology}?view=events")
+    rows = page.locator("[data-index]")
+    # A materialization's row icon is "run_success", an observation's "observation".
+    materializations = rows.filter(has=page.get_by_role("img", name="run_success"))
+    observations = rows.filter(has=page.get_by_role("img", name="observation"))
+    expect(materializations).to_have_count(TOPOLOGY_MATERIALIZATIONS)
+    expect(observations).to_have_count(TOPOLOGY_OBSERVATIONS)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
+import yaml
 
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
@@ -47,10 +46,16 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def dagster_deployment(home: Path, namesrv: str, **env: str) -> Iterator[Deployment]:
+def dagster_deployment(
+    home: Path, namesrv: str, instance_yaml: str = "", **env: str
+) -> Iterator[Deployment]:
     """Set up ``home`` as DAGSTER_HOME and run a daemon over it; ``env`` adds or overrides
-    environment variables (engine and supervisor settings) for every process."""
-    shutil.copy(PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml", home / "dagster.yaml")
+    environment variables (engine and supervisor settings) for every process, and
+    ``instance_yaml``'s top-level keys replace the project's dagster.yaml's (a fault's
+    run launcher)."""
+    config = yaml.safe_load((PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml").read_text())
+    config.update(yaml.safe_load(instance_yaml) or {})
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     workspace = home / "workspace.yaml"
     workspace.write_text(
         "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
@@ -66,7 +71,6 @@ def dagster_deployment(home: Path, namesrv: str, **env: str) -> Iterator[Deploym
         "STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES": "4",
         "STREAM_ASSETS_ENGINE_SINK_QUEUES": "4",
         "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "300",
-        "STREAM_ASSETS_ENGINE_SPARK_CONF": json.dumps({"spark.ui.showConsoleProgress": "false"}),
         "PYSPARK_PYTHON": sys.executable,
         **env,
     }
@@ -86,6 +90,8 @@ def dagster_deployment(home: Path, namesrv: str, **env: str) -> Iterator[Deploym
     daemon = subprocess.Popen(
         [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
         cwd=PROJECT_ROOT,
+        # The daemon launches runs: a test's run launcher is imported there.
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -13,6 +13,9 @@ whichever master runs the tasks.
 - ``launcher=True``: they run ``stream-assets-worker-python``, which connects
   first: a held runner is late with its imports only, which Spark waits for.
 
+:class:`UnreachableCodeServerLauncher` makes Dagster's run launches fail as
+they do when its code server does not answer in time.
+
 Example::
 
     >>> python, held = late_source_runner_python(tmp_path, times=2)  # doctest: +SKIP
@@ -24,7 +27,14 @@ Example::
 from __future__ import annotations
 
 import stat
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from dagster._config.config_schema import UserConfigSchema
+from dagster._core.errors import DagsterUserCodeUnreachableError
+from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
+from dagster._serdes.config_class import ConfigurableClassData
 
 from stream_assets.runtime.worker_launcher import LAUNCHER
 from tests.integration._cluster import venv_python
@@ -46,7 +56,9 @@ class _HoldRunner:
     def find_spec(self, name, path=None, target=None):
         if name == {runner!r} and not _HoldRunner.held:
             _HoldRunner.held = True
-            for i in range(1, {times} + 1):
+            with open({budget!r}) as f:
+                times = int(f.read())
+            for i in range(1, times + 1):
                 try:
                     os.mkdir(os.path.join({held!r}, str(i)))
                 except FileExistsError:
@@ -68,14 +80,20 @@ RESTART_LINE = "did not start in time"
 
 
 def late_source_runner_python(
-    directory: Path, times: int = 1, launcher: bool = False
+    directory: Path, times: int = 1, launcher: bool = False, hold_s: float = HOLD_S
 ) -> tuple[Path, Path]:
-    """The wrapper's path, and the directory that records each runner it held back."""
+    """The wrapper's path, and the directory that records each runner it held back.
+
+    Each of the first ``times`` runners is held ``hold_s``; :func:`arm` holds more later.
+    """
     held, site = directory / "held", directory / "site"
     held.mkdir(parents=True, exist_ok=True)
     site.mkdir(parents=True, exist_ok=True)
+    (directory / "budget").write_text(str(times))
     (site / "sitecustomize.py").write_text(
-        _SITECUSTOMIZE.format(runner=_RUNNER, times=times, held=str(held), hold=HOLD_S)
+        _SITECUSTOMIZE.format(
+            runner=_RUNNER, budget=str(directory / "budget"), held=str(held), hold=hold_s
+        )
     )
     python = venv_python()
     target = str(Path(python).parent / LAUNCHER) if launcher else python
@@ -88,3 +106,54 @@ def late_source_runner_python(
 def held_back(held: Path) -> int:
     """How many runners the wrapper has held back so far."""
     return sum(1 for _ in held.iterdir())
+
+
+def arm(held: Path, more: int) -> None:
+    """Hold back the next ``more`` runners too (``held``: as returned with the wrapper).
+
+    Example::
+
+        >>> python, held = late_source_runner_python(tmp, times=0, launcher=True)  # doctest: +SKIP
+        >>> arm(held, 2)  # the next two query starts are slow  # doctest: +SKIP
+    """
+    (held.parent / "budget").write_text(str(held_back(held) + more))
+
+
+class UnreachableCodeServerLauncher(DefaultRunLauncher):
+    """Dagster's default run launcher, whose launches fail as when the code server times out.
+
+    While the file ``fault_file`` holds a positive count, each launch takes one
+    from it and raises the error Dagster's gRPC client raises on
+    DEADLINE_EXCEEDED, instead of asking the code server to start the run. It
+    runs where Dagster's run queue launches runs (the daemon), configured in
+    the deployment's ``dagster.yaml``::
+
+        run_launcher:
+          module: tests.integration._faults
+          class: UnreachableCodeServerLauncher
+          config: {fault_file: /tmp/.../refuse}
+    """
+
+    def __init__(self, fault_file: str, inst_data: ConfigurableClassData | None = None) -> None:
+        super().__init__(inst_data=inst_data)
+        self._fault = Path(fault_file)
+
+    @classmethod
+    def config_type(cls) -> UserConfigSchema:
+        return {"fault_file": str}
+
+    @classmethod
+    def from_config_value(
+        cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]
+    ) -> UnreachableCodeServerLauncher:
+        return cls(fault_file=config_value["fault_file"], inst_data=inst_data)
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        left = int(self._fault.read_text() or 0) if self._fault.exists() else 0
+        if left > 0:
+            self._fault.write_text(str(left - 1))
+            raise DagsterUserCodeUnreachableError(
+                "Could not reach user code server. gRPC Error code: DEADLINE_EXCEEDED "
+                "(injected by tests.integration._faults)"
+            )
+        super().launch_run(context)

@@ -2,16 +2,19 @@
 
 A topology with a backlog and no instance running fails its lag check; an
 instance drains it and the check passes. A poison record (an integer beyond 64
-bits: the shuffle cannot encode it) fails the dead-letter check once; the next
-evaluation, with nothing new, passes. Evaluations alternate between the two
-paths the code location uses: the checks job (a run, ``execute_in_process``)
-and the checks sensor (reported evaluations, as the daemon stores them), both
-reading the previous evaluation from the same Dagster instance.
+bits: the shuffle cannot encode it) fails the dead-letter check (a warning) and
+raises one alert to the hooks; the next evaluations, with nothing new, keep the
+check failed (the dead letter is younger than a day) and alert nobody again.
+Evaluations alternate between the two paths the code location uses: the
+checks job (a run, ``execute_in_process``) and the checks sensor (reported
+evaluations, as the daemon stores them), both reading the previous evaluation
+from the same Dagster instance. No instance run failed: the crash check passes.
 """
 
 import json
 import random
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import dagster as dg
 import pytest
 
 from jobs.checks import (
+    CRASHES,
     DEAD_LETTERS,
     FRESH,
     LAG,
@@ -26,6 +30,7 @@ from jobs.checks import (
     topology_checks,
 )
 from resources import RocketMQResource
+from stream_assets.control.alerts import Alert
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import lineage_asset_specs
 from stream_assets.control.metrics import instance_numbers
@@ -39,8 +44,16 @@ pytestmark = pytest.mark.integration
 
 MAX_LAG = 50
 
+#: Alerts the hooks received (STREAM_ASSETS_ALERT_HOOKS=tests.integration.test_checks:record).
+ALERTS: list[Alert] = []
 
-def _passed(evaluations: list[dg.AssetCheckEvaluation]) -> dict[str, bool]:
+
+def record(alert: Alert) -> None:
+    """An alert hook for this test."""
+    ALERTS.append(alert)
+
+
+def _passed(evaluations: Sequence[dg.AssetCheckEvaluation]) -> dict[str, bool]:
     return {e.check_name.split("__", 1)[1]: e.passed for e in evaluations}
 
 
@@ -49,7 +62,10 @@ def test_lag_and_dead_letter_checks_fail_then_pass(
     admin: RocketMQAdmin,
     client_settings: RocketMQSettings,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "tests.integration.test_checks:record")
+    ALERTS.clear()
     job = f"ck_{uuid.uuid4().hex[:10]}"
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 2)
@@ -91,7 +107,7 @@ def test_lag_and_dead_letter_checks_fail_then_pass(
 
     # A backlog of 300 with no instance: the lag check fails. The dead-letter
     # check records its baseline; the input is new, so the sink is not overdue.
-    assert by_job() == {LAG: False, DEAD_LETTERS: True, FRESH: True}
+    assert by_job() == {CRASHES: True, LAG: False, DEAD_LETTERS: True, FRESH: True}
 
     # One poison record among the backlog, then an instance drains it all.
     produce(client_settings, source, [Message(json.dumps({"word": "a", "n": 2**70}).encode())])
@@ -109,14 +125,21 @@ def test_lag_and_dead_letter_checks_fail_then_pass(
     engine.stop(inst)
 
     passed, details = by_sensor()
-    assert passed == {LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert passed == {CRASHES: True, LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert details[DEAD_LETTERS].severity == dg.AssetCheckSeverity.WARN
     assert details[DEAD_LETTERS].metadata["new_dead_letters"].value == 1
     assert details[LAG].metadata["lag"].value == 0
     assert details[FRESH].metadata["output_age_s"].value < 120
+    (alert,) = ALERTS  # the batch of one dead letter, alerted once
+    assert (alert.kind, alert.topology, alert.dead_letters) == ("dead_letters", job, 1)
 
-    # Nothing new since: both paths agree that every check passes.
-    assert by_job() == {LAG: True, DEAD_LETTERS: True, FRESH: True}
-    assert by_sensor()[0] == {LAG: True, DEAD_LETTERS: True, FRESH: True}
+    # Nothing new since: both paths agree; the dead letter (minutes old) still fails its
+    # check, as a warning, and alerts nobody again.
+    assert by_job() == {CRASHES: True, LAG: True, DEAD_LETTERS: False, FRESH: True}
+    passed, details = by_sensor()
+    assert passed == {CRASHES: True, LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert details[DEAD_LETTERS].metadata["new_dead_letters"].value == 0
+    assert len(ALERTS) == 1
 
     # The evaluations are stored on the assets, as the UI shows them.
     summaries = instance.event_log_storage.get_asset_check_summary_records(list(checks.check_keys))

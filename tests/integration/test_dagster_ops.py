@@ -23,10 +23,15 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.supervisor import instance_runs
-from stream_assets.control.desired_state import DesiredStateStore, heartbeats
+from jobs.supervisor import failure_message, instance_runs
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
 from stream_assets.control.lineage import topic_asset_key
-from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY
+from stream_assets.control.registry import (
+    GENERATION_TAG,
+    INSTANCE_INDEX_TAG,
+    REGISTRY,
+    TOPOLOGY_TAG,
+)
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
@@ -34,8 +39,9 @@ from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
 from tests.integration._dagster_env import dagster_deployment
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
-from tests.integration._faults import RESTART_LINE
+from tests.integration._faults import RESTART_LINE, arm, held_back, late_source_runner_python
 from tests.integration._load import cpu_hog
+from tests.integration._run_logs import run_log, spark_noise
 
 pytestmark = pytest.mark.integration
 
@@ -46,16 +52,27 @@ def dagster_env(
 ) -> Iterator[dict[str, Any]]:
     """DAGSTER_HOME, env for the code location, a running dagster-daemon."""
     home = tmp_path_factory.mktemp("dagster_home")
+    # Spark's Python workers run through a wrapper that can slow query starts (armed by
+    # a test; until then it does nothing).
+    python, held = late_source_runner_python(
+        home / "fault", times=0, launcher=True, hold_s=SLOW_START_S
+    )
     with dagster_deployment(
         home,
         client_settings.namesrv_addr,
+        PYSPARK_PYTHON=str(python),
         STREAM_ASSETS_SUPERVISOR_INTERVAL_S="3",
         STREAM_ASSETS_HEARTBEAT_TIMEOUT_S="20",
         # Up to 4 instances beside a CPU hog on 2 cores: every micro-batch has a
         # fixed cost, and a batch per second per stage leaves CPU for the work.
         STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS="1000",
     ) as deployment:
-        yield {"home": home, "name": deployment.name, "instance": deployment.instance}
+        yield {
+            "home": home,
+            "name": deployment.name,
+            "instance": deployment.instance,
+            "held": held,
+        }
 
 
 def _scale(
@@ -216,17 +233,25 @@ def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str
     return out
 
 
-# Four scales, each launching Spark JVMs beside the hog, then a kill -9 and its
-# replacement: on 2 busy cores this can outlast the suite's 15-minute default.
+#: How long each held query start takes: longer than the deployment's heartbeat
+#: timeout (20 s), which used to get an instance killed as hung mid-rebalance.
+SLOW_START_S = 25.0
+
+
+# Two scales (one with slow query starts, one with a kill -9 in its run phase), each
+# launching Spark JVMs beside the hog: on 2 busy cores this can outlast the suite's
+# 15-minute default.
 @pytest.mark.timeout(1500)
-def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
+def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
     dagster_env: dict[str, Any],
     admin: RocketMQAdmin,
     client_settings: RocketMQSettings,
     report: Any,
 ) -> None:
-    """Every scale succeeds while input flows beside a CPU hog; surviving instances keep
-    their run (in place); no queue ever has two writers at once; counts exact."""
+    """Beside a CPU hog, 1 -> 3 with query starts slower than the heartbeat timeout, then
+    3 -> 2 with a kill -9 of a staying instance in the run phase: both scales complete,
+    no instance is terminated as hung, surviving instances keep their run (in place), the
+    killed one is replaced exactly once, no queue ever has two writers; counts exact."""
     name, instance = dagster_env["name"], dagster_env["instance"]
     source, sink = f"{name}-in", f"{name}-out"
     admin.create_topic(source, 4)
@@ -237,47 +262,60 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
     first = _scale(instance, 1, name)
     assert first.success, first.all_events
     assert _metadata(first)["instances_after"] == 1
-    pauses: dict[str, float] = {}
     with cpu_hog(2), PacedInput(client_settings, source) as paced:
-        for target in (3, 2, 4):
-            before = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
-            result = _scale(instance, target, name)
-            assert result.success, _why_failed(result, instance, name)
-            md = _metadata(result)
-            assert md["instances_after"] == target
-            pauses[f"{len(before)}->{target}"] = md["pause_s"]
-            assert 0 < md["pause_s"] <= PAUSE_UNDER_LOAD_S, (
-                f"{md}; query restarts per run: {_query_restarts(instance, name)}\n"
-                + _why_failed(result, instance, name)
-            )
-            after = {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
-            assert len(after) == target
-            # In place: every instance that stays keeps its run (process, SparkSession).
-            for index in range(min(len(before), target)):
-                assert after[str(index)] == before[str(index)], (index, before, after)
-    everything += paced.sent
-    with cpu_hog(2):
-        # kill -9 an instance with input waiting: the supervisor relaunches exactly one
-        # run for its index, and the topology catches up.
-        wait_until(lambda: _drained(admin, name, [source, shuffle]), 300, "caught up", poll_s=1.0)
-        victim = instance_runs(instance, name)[0]
-        pid = heartbeats(instance, [victim.run_id])[victim.run_id].pid
-        burst = _lines(7, 1000)
-        killed_at = time.monotonic()
+        # 1 -> 3: the next two query starts each take longer than the heartbeat timeout.
+        before = _runs_by_index(instance, name)
+        arm(dagster_env["held"], 2)
+        grown = _scale(instance, 3, name)
+        assert grown.success, _why_failed(grown, instance, name)
+        assert held_back(dagster_env["held"]) == 2, "the fault did not slow two query starts"
+        md = _metadata(grown)
+        assert md["instances_after"] == 3
+        bound = PAUSE_UNDER_LOAD_S + 2 * SLOW_START_S
+        assert 0 < md["pause_s"] <= bound, f"{md}\n" + _why_failed(grown, instance, name)
+        after = _runs_by_index(instance, name)
+        assert sorted(after) == ["0", "1", "2"] and after["0"] == before["0"], (before, after)
+        # 3 -> 2, and instance 1 (which stays) is killed once the run phase began.
+        victim = after["1"]
+        pid = heartbeats(instance, [victim])[victim].pid
+        shrunk: list[dg.ExecuteInProcessResult] = []
+        scaling = threading.Thread(target=lambda: shrunk.append(_scale(instance, 2, name)))
+        scaling.start()
+        store = DesiredStateStore(instance)
+        wait_until(
+            lambda: _in_run_phase(store.get(name), 2) or not scaling.is_alive(),
+            900,
+            "the 3 -> 2 scale's run phase",
+            poll_s=0.1,
+        )
         os.kill(pid, signal.SIGKILL)
-        _send(client_settings, source, burst, "k-")
-        everything += burst
-        wait_until(lambda: _drained(admin, name, [source, shuffle]), 600, "caught up after kill -9")
-        caught_up_s = time.monotonic() - killed_at
-    index = victim.tags[INSTANCE_INDEX_TAG]
+        scaling.join(1200)
+        assert shrunk and shrunk[0].success, _why_failed(shrunk[0], instance, name)
+        final = _runs_by_index(instance, name)
+        assert sorted(final) == ["0", "1"] and final["0"] == after["0"], (after, final)
+        assert final["1"] != victim
+    everything += paced.sent
     replacements = [
-        r
-        for r in instance_runs(instance, name)
-        if r.tags[INSTANCE_INDEX_TAG] == index and r.run_id != victim.run_id
+        r.run_id
+        for r in instance_runs(instance, name, list(dg.DagsterRunStatus))
+        if r.tags[INSTANCE_INDEX_TAG] == "1" and r.run_id not in (before.get("1"), victim)
     ]
-    assert len(replacements) == 1, replacements
+    assert replacements == [final["1"]], replacements
+    # Nothing was judged hung: the only failed run is the one killed.
+    failed = instance_runs(instance, name, [dg.DagsterRunStatus.FAILURE])
+    assert [r.run_id for r in failed] == [victim], [
+        (r.run_id, failure_message(instance, r.run_id)) for r in failed
+    ]
+    # Runs say which generation they serve; the scale runs which topology they changed.
+    generation = _metadata(shrunk[0])["generation"]
+    for run in instance_runs(instance, name):
+        assert run.tags[GENERATION_TAG] == str(generation), (run.run_id, run.tags)
+    scale_run = instance.get_run_by_id(shrunk[0].run_id)
+    assert scale_run is not None and scale_run.tags.get(TOPOLOGY_TAG) == name
+    said = [e.message or "" for e in shrunk[0].all_events]
+    assert any("phase 'run': instance 0 runs the new allocation" in m for m in said), said
     wait_until(
-        lambda: _drained(admin, name, [source, shuffle]), 300, "every queue drained", poll_s=1.0
+        lambda: _drained(admin, name, [source, shuffle]), 600, "every queue drained", poll_s=1.0
     )
     expected = collections.Counter(w for line in everything for w in line.split())
     wait_until(lambda: final_counts(read_topic(admin, sink)) == dict(expected), 120, "exact counts")
@@ -288,8 +326,31 @@ def test_scale_in_place_1_3_2_4_under_load_keeps_counts_exact(
         assert len(turns) == len(set(turns)), f"queue {queue}: writers interleave: {turns}"
     observed = instance.fetch_observations(topic_asset_key(sink), limit=5).records
     assert observed, "instances report their sink topic as asset observations"
+    # Instance 0 ran all along (minutes of input, two releases and restarts of its
+    # queries) with the engine's own Spark configuration: its log is its own lines.
+    messages, captured = run_log(instance, final["0"])
+    assert "run_instance" in captured, captured[-2000:]
+    noise = spark_noise(messages) + spark_noise(captured)
+    assert not noise, f"{len(noise)} lines of Spark noise, first ones:\n" + "\n".join(noise[:40])
     report(
-        f"in-place scale pauses under a 2-process CPU hog: {pauses}; kill -9 of an instance "
-        f"with 1000 lines arriving to caught up: {caught_up_s:.1f} s; query restarts per run "
-        f"(Spark's Python worker late): {_query_restarts(instance, name) or 'none'}"
+        f"scale under a 2-process CPU hog: 1 -> 3 with two query starts of {SLOW_START_S:.0f} s "
+        f"(heartbeat timeout 20 s): pause {md['pause_s']} s, scale {md['scale_s']} s; 3 -> 2 "
+        f"with a kill -9 in its run phase: scale {_metadata(shrunk[0])['scale_s']} s; query "
+        "restarts per run (Spark's Python worker late): "
+        f"{_query_restarts(instance, name) or 'none'}"
+    )
+
+
+def _runs_by_index(instance: dg.DagsterInstance, name: str) -> dict[str, str]:
+    """The unfinished instance run of each index of ``name`` (index as tagged, run id)."""
+    return {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
+
+
+def _in_run_phase(state: DesiredState | None, instances: int) -> bool:
+    allocation = state.allocation if state is not None else None
+    return (
+        state is not None
+        and state.phase == "run"
+        and allocation is not None
+        and allocation.instances == instances
     )

@@ -18,6 +18,7 @@ import collections
 import os
 import random
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,13 +30,13 @@ import pytest
 import sqlalchemy.exc
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from jobs.supervisor import failure_message, instance_runs
+from jobs.checks import crash_check_key
+from jobs.supervisor import crash_history, failure_message, instance_runs, launch_failure
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
-from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.settings import RocketMQSettings
+from stream_assets.settings import RocketMQSettings, SupervisorSettings
 from tests.integration._alert_hook import recorded
 from tests.integration._dagster_env import dagster_deployment
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
@@ -91,6 +92,15 @@ def env(
     with dagster_deployment(
         home,
         client_settings.namesrv_addr,
+        # Launches fail while home/refuse holds a count (the code server's timeout);
+        # one retry 2 s later, so a refused run fails fast.
+        instance_yaml=(
+            "run_launcher:\n  module: tests.integration._faults\n"
+            "  class: UnreachableCodeServerLauncher\n"
+            f"  config: {{fault_file: {home / 'refuse'}}}\n"
+            "run_queue:\n  max_user_code_failure_retries: 1\n"
+            "  user_code_failure_retry_delay: 2\n"
+        ),
         STREAM_ASSETS_SUPERVISOR_INTERVAL_S=str(TICK_S),
         STREAM_ASSETS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S),
         STREAM_ASSETS_ALERT_HOOKS="tests.integration._alert_hook:record",
@@ -250,13 +260,50 @@ def test_killed_instance_is_marked_failed_replaced_exactly_once_and_alerted(
     # (More than one crash if the instance failed to start before: a busy shared broker.)
     assert int(str(alert["crashes"])) >= 1 and alert["message"] == reason
     assert sum(a["run_id"] == victim.run_id for a in recorded(env.alerts)) == 1
-    observations = env.instance.fetch_observations(topology_asset_key(env.name), limit=500).records
+    # The topology's crash check failed with it: an alert shows as a failed check.
+    history = env.instance.event_log_storage.get_asset_check_execution_history(
+        crash_check_key(env.name), limit=50
+    )
     alerted = [
-        o.asset_observation.metadata
-        for o in observations
-        if o.asset_observation is not None and "alert" in o.asset_observation.metadata
+        h.event.asset_check_evaluation
+        for h in history
+        if h.event is not None and h.event.asset_check_evaluation is not None
     ]
-    assert any(m["run_id"].value == victim.run_id for m in alerted), alerted
+    assert any(not e.passed and e.metadata["run_id"].value == victim.run_id for e in alerted), (
+        alerted
+    )
+
+
+def test_a_launch_the_code_server_does_not_answer_is_retried_and_not_a_crash(
+    env: Env, admin: RocketMQAdmin
+) -> None:
+    """The replacement of a killed run meets a code server that times out three times."""
+    victim = _await_beating(env, 0, "instance 0 heartbeating")
+    pid = heartbeats(env.instance, [victim.run_id])[victim.run_id].pid
+    refuse = env.home / "refuse"
+    refuse.write_text("3")
+    before = crash_history(env.instance, env.name, 0, time.time(), SupervisorSettings())
+    known = {r.run_id for r in _runs(env, 0)}
+    os.kill(pid, signal.SIGKILL)
+    replacement = _await_beating(env, 0, "a replacement heartbeating", other_than=victim.run_id)
+    assert refuse.read_text() == "0", "the launcher did not refuse three launches"
+    # Dagster's run queue retried once, then failed the first replacement; the supervisor
+    # launched another (refused once, retried, started), saying why, without counting it.
+    refused = [r for r in _runs(env, 0) if r.run_id not in known | {replacement.run_id}]
+    newer = [r for r in refused if r.status == dg.DagsterRunStatus.FAILURE]
+    assert len(newer) == len(refused) == 1, [(r.run_id, r.status) for r in refused]
+    record = env.instance.get_run_record_by_id(newer[0].run_id)
+    assert record is not None
+    assert "DEADLINE_EXCEEDED" in (launch_failure(env.instance, record) or "")
+    for run in (newer[0], replacement):
+        said = [e.message or "" for e in env.instance.all_logs(run.run_id)]
+        assert sum("re-submitting the run into the queue" in m for m in said) == 1, said
+    after = crash_history(env.instance, env.name, 0, time.time(), SupervisorSettings())
+    assert after.consecutive == before.consecutive + 1  # the kill, not the refused launch
+    log = (env.home / "daemon.log").read_text()
+    assert "instance 0 could not be launched" in log and "not counted as a crash" in log
+    env.feed(5, 300)
+    _counts_exact(env, admin, "after the refused launches")
 
 
 def test_a_hung_instance_is_terminated_before_it_is_replaced(
@@ -346,10 +393,18 @@ def test_stop_launches_nothing_and_start_resumes_with_exact_counts(
     env.feed(3, 1000)
     _counts_exact(env, admin, "before the stop")
     before = final_counts(read_topic(admin, env.sink))
+    running = [r.run_id for r in _unfinished(env)]
+    assert running
 
     stopped = _job("stop_topology_job", env.instance, topology=env.name, stop_timeout_s=180)
     assert stopped.success
     assert _unfinished(env) == []
+    # One documented way for every run a stop ends: it finishes its batch and succeeds.
+    assert {r: _status(env, r) for r in running} == dict.fromkeys(
+        running, dg.DagsterRunStatus.SUCCESS
+    )
+    stop_run = env.instance.get_run_by_id(stopped.run_id)
+    assert stop_run is not None and stop_run.tags.get(TOPOLOGY_TAG) == env.name
     state = DesiredStateStore(env.instance).get(env.name)
     assert state is not None and state.target_instances == 0 and state.allocation is not None
     env.feed(4, 1000)  # arrives while stopped

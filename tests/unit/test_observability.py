@@ -15,23 +15,30 @@ import dagster as dg
 import pytest
 from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
 
+from jobs.alerts import instance_failure_alerts
 from jobs.checks import (
+    CRASHES,
     DEAD_LETTERS,
     FRESH,
     LAG,
     check_name,
+    crash_check_key,
+    crash_outcome,
     evaluate_topology,
     freshness_outcome,
     previous_evaluation,
+    raise_dead_letter_alerts,
     topology_checks,
 )
-from jobs.instance_job import INSTANCE_JOB, InstanceConfig, _observe
+from jobs.instance_job import INSTANCE_JOB, InstanceConfig, _observe, instance_job
 from jobs.metrics import build_metrics_sensor
 from resources import RocketMQResource
+from stream_assets.control.alerts import Alert
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import lineage_asset_specs, topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
+    HEADLINE,
     InstanceNumbers,
     InstanceReport,
     Rate,
@@ -150,11 +157,15 @@ def test_instance_metadata_round_trips_and_names_its_keys_by_instance() -> None:
         "records_in:src": Rate(16.666, 30.0),
     }
     md = instance_metadata(3, 9, numbers, rates)
+    # Identifiers are text: the UI plots every int or float entry.
     assert md["instance"] == dg.MetadataValue.text("3")
-    assert md["generation"] == 9
+    assert md["generation"] == dg.MetadataValue.text("9")
     numeric = {k for k, v in md.items() if isinstance(v, int | float)}
-    # Every plotted number but the generation is this instance's own series.
-    assert numeric - {"generation"} == {k for k in numeric if k.startswith("instance_3.")}
+    # Every plotted number is this instance's own series.
+    assert numeric == {k for k in md if k.startswith("instance_3.")} - {
+        "instance_3.lag_per_queue",
+        "instance_3.source_records_per_s",
+    }
     assert md["instance_3.records_per_s"] == 16.67
     assert md["instance_3.rate_window_s"] == 30.0
     report = parse_instance_metadata(md, run_id="r", ts=1.0)
@@ -227,9 +238,10 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate(
     assert observe_job.execute_in_process(instance=instance).success
     records = instance.fetch_observations(topology_asset_key("wordcount"), limit=10).records
     first, second = [r.asset_observation.metadata for r in reversed(records)]  # type: ignore[union-attr]
-    assert first["instance"].value == "1" and first["generation"].value == 5
+    assert first["instance"].value == "1" and first["generation"].value == "5"
     assert "instance_1.records_per_s" not in first  # no rate from one sample: not 0
     rate = second["instance_1.records_per_s"].value
+    assert isinstance(rate, float)
     assert 400 / 0.5 < rate < 400 / 0.15, rate  # 400 records over the ~0.2 s between samples
     assert second["instance_1.records_in"].value == 400
     assert second["instance_1.lag"].value == 5 and second["instance_1.source_lag"].value == 2
@@ -275,10 +287,14 @@ def _observe_as(
 
 
 def _events_by_key(result: dg.SensorResult) -> dict[str, dict[str, Any]]:
+    """Each event's metadata values by asset; the topology's own numbers are its
+    materialization, the topics' numbers observations."""
     out: dict[str, dict[str, Any]] = {}
     for event in result.asset_events:
-        assert isinstance(event, dg.AssetObservation)
-        out[event.asset_key.to_user_string()] = {k: v.value for k, v in event.metadata.items()}
+        key = event.asset_key.to_user_string()
+        kind = dg.AssetMaterialization if key.startswith("topologies/") else dg.AssetObservation
+        assert isinstance(event, kind), (key, event)
+        out[key] = {k: v.value for k, v in event.metadata.items()}
     return out
 
 
@@ -324,9 +340,11 @@ def test_metrics_sensor_observes_topology_sink_and_source_with_totals() -> None:
         "topics/sourceTopic",
     }
     top = seen["topologies/wordcount"]
-    assert (top["desired_instances"], top["generation"], top["running_instances"]) == (2, 7, 2)
-    assert (top["reporting_instances"], top["records_per_s"], top["lag"]) == (2, 40.0, 6)
-    assert (top["records_in"], top["state_bytes"]) == (1000, 150)
+    assert list(top)[:6] == list(HEADLINE)  # the headline first, in reading order
+    assert (top["1_lag"], top["2_records_per_s"], top["3_records_out_per_s"]) == (6, 40.0, 40.0)
+    assert (top["5_running_instances"], top["6_desired_instances"]) == (2, 2)
+    assert (top["generation"], top["all.reporting_instances"]) == ("7", 2)
+    assert (top["all.records_in"], top["all.state_bytes"]) == (1000, 150)
     assert "instance" not in top  # the topology's own series carry no instance label
     sink = seen["topics/wordcount_out"]
     assert (sink["records_per_s"], sink["records_out"], sink["lag"]) == (40.0, 100, 6)
@@ -341,8 +359,174 @@ def test_metrics_sensor_observes_topology_sink_and_source_with_totals() -> None:
     DesiredStateStore(instance).set("wordcount", DesiredState(3, allocation))
     third = sensor(dg.build_sensor_context(instance=instance, cursor=again.cursor))
     assert isinstance(third, dg.SensorResult)
-    assert _events_by_key(third)["topologies/wordcount"]["desired_instances"] == 3
+    assert _events_by_key(third)["topologies/wordcount"]["6_desired_instances"] == 3
     assert set(_events_by_key(third)) == {"topologies/wordcount"}
+
+
+def _overview_metadata(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
+    """The keys of the asset page's Metadata table, in order, as Dagster's UI picks them:
+    the latest materialization's, else the latest observation's (AssetNodeOverview.tsx:
+    ``event={materialization || observation}``), in insertion order."""
+    materialized = instance.fetch_materializations(key, limit=1).records
+    if materialized:
+        return list(materialized[0].asset_materialization.metadata)  # type: ignore[union-attr]
+    observed = instance.fetch_observations(key, limit=1).records
+    return list(observed[0].asset_observation.metadata) if observed else []  # type: ignore[union-attr]
+
+
+def _plot_titles(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
+    """The asset's Plots tab titles, in order, as Dagster's UI makes them: one per int or
+    float entry of its recent materializations and observations, sorted by key
+    (AssetMaterializationGraphs.tsx: ``Object.keys(...).sort()``)."""
+    events = [
+        *(r.asset_materialization for r in instance.fetch_materializations(key, limit=100).records),
+        *(r.asset_observation for r in instance.fetch_observations(key, limit=100).records),
+    ]
+    labels = {
+        label
+        for event in events
+        if event is not None
+        for label, value in event.metadata.items()
+        if isinstance(value, dg.IntMetadataValue | dg.FloatMetadataValue)
+    }
+    return sorted(labels)
+
+
+def test_the_topology_asset_shows_its_headline_first() -> None:
+    instance = dg.DagsterInstance.ephemeral()
+    reg = TopologyRegistration("wordcount", wordcount.build)
+    DesiredStateStore(instance).set(
+        "wordcount", DesiredState(3, allocate({"sourceTopic": [0, 1, 2, 3]}, 3, generation=4))
+    )
+    key = topology_asset_key("wordcount")
+    rate = Rate(12.5, 30.0)
+    runs = [_live_run(instance, "wordcount", i, 4) for i in range(2)]
+
+    def observe_instances() -> None:
+        for i, run_id in enumerate(runs):
+            numbers = InstanceNumbers(records_in=100, lag=3 + i, dead_letters=i)
+            rates = {"records_in": rate, "records_out": rate}
+            _observe_as(instance, run_id, key, instance_metadata(i, 4, numbers, rates))
+
+    observe_instances()
+    result = build_metrics_sensor({"wordcount": reg})(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.SensorResult)
+    for event in result.asset_events:  # as the daemon stores a sensor's events
+        instance.report_runless_asset_event(event)
+    # The instances report again after the sensor: still the topology's numbers lead.
+    observe_instances()
+
+    table = _overview_metadata(instance, key)
+    assert table[:6] == list(HEADLINE), table
+    assert table[6:9] == ["phase", "paused", "generation"]
+    totals = instance.fetch_materializations(key, limit=1).records[0].asset_materialization
+    assert totals is not None
+    values = {k: v.value for k, v in totals.metadata.items()}
+    assert [values[k] for k in HEADLINE] == [7, 25.0, 25.0, 1, 2, 3]
+
+    plots = _plot_titles(instance, key)
+    assert plots[:6] == list(HEADLINE), plots
+    # The topology's other totals next, then each instance's detail.
+    rest = plots[6:]
+    assert rest == sorted(rest, key=lambda k: not k.startswith("all."))
+    assert {k.split(".")[0] for k in rest} == {"all", "instance_0", "instance_1"}
+    # Identifiers are labels, never plotted.
+    assert not {"instance", "generation", "phase"} & set(plots)
+
+
+# -- alerts ----------------------------------------------------------------------------------
+
+
+#: Alerts the hooks received (STREAM_ASSETS_ALERT_HOOKS=tests.unit.test_observability:record).
+ALERTS: list[Alert] = []
+
+
+def record(alert: Alert) -> None:
+    """An alert hook for these tests."""
+    ALERTS.append(alert)
+
+
+def _failed_instance_run(instance: dg.DagsterInstance, index: int, reason: str) -> dg.DagsterRun:
+    run = instance.create_run_for_job(
+        instance_job,
+        tags={TOPOLOGY_TAG: "wordcount", INSTANCE_INDEX_TAG: str(index), GENERATION_TAG: "1"},
+        run_config={"ops": {"run_instance": {"config": {"topology": "wordcount"}}}},
+    )
+    instance.report_run_failed(run, reason)
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None
+    return failed
+
+
+def _alert_sensor(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    """One tick of the run-failure alert sensor on ``run``, as the daemon makes it."""
+    failure = next(
+        e.dagster_event
+        for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+    )
+    assert failure is not None
+    context = dg.build_run_status_sensor_context(
+        sensor_name="instance_failure_alerts",
+        dagster_event=failure,
+        dagster_instance=instance,
+        dagster_run=run,
+    ).for_run_failure()
+    instance_failure_alerts(context)
+
+
+def _latest_evaluation(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey
+) -> dg.AssetCheckEvaluation:
+    summary = instance.event_log_storage.get_asset_check_summary_records([key])[key]
+    record = summary.last_check_execution_record
+    assert record is not None and record.event is not None
+    evaluation = record.event.asset_check_evaluation
+    assert evaluation is not None
+    return evaluation
+
+
+def test_a_crash_alert_is_a_failed_check_on_the_topology_until_the_window_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "tests.unit.test_observability:record")
+    monkeypatch.setenv("STREAM_ASSETS_CRASH_WINDOW_S", "600")
+    ALERTS.clear()
+    instance = dg.DagsterInstance.ephemeral()
+    key = crash_check_key("wordcount")
+    assert key.name == check_name("wordcount", CRASHES)
+    run = _failed_instance_run(instance, 1, "the broker refused the connection")
+
+    _alert_sensor(instance, run)
+    (alert,) = ALERTS  # the hooks got it
+    assert (alert.kind, alert.instance, alert.run_id) == ("crash", 1, run.run_id)
+    evaluation = _latest_evaluation(instance, key)
+    assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR
+    assert evaluation.description is not None
+    assert evaluation.description.startswith(alert.describe())
+    assert evaluation.metadata["instance"] == dg.MetadataValue.text("1")  # a label
+    # Not one more observation among the metrics: the topology asset got none.
+    assert not instance.fetch_observations(topology_asset_key("wordcount"), limit=5).records
+
+    # The checks keep it failed through the crash window, then pass it.
+    now = time.time()
+    within = crash_outcome(instance, "wordcount", now + 60, 600)
+    assert not within.passed and run.run_id in within.description
+    assert crash_outcome(instance, "wordcount", now + 601, 600).passed
+
+    # Executed from the UI (a run, the crash check alone): the same verdict, and no
+    # broker needed (the resource points nowhere).
+    topology = wordcount.build()
+    defs = dg.Definitions(
+        assets=lineage_asset_specs([topology]),
+        asset_checks=[topology_checks(topology)],
+        jobs=[dg.define_asset_job("crash_check", selection=dg.AssetSelection.checks(key))],
+        resources={"rocketmq": RocketMQResource(namesrv_addr="127.0.0.1:1")},
+    )
+    result = defs.resolve_job_def("crash_check").execute_in_process(instance=instance)
+    assert result.success
+    (evaluated,) = result.get_asset_check_evaluations()
+    assert (evaluated.check_name, evaluated.passed) == (key.name, False)
+    assert len(ALERTS) == 1  # evaluating the check alerts nobody again
 
 
 def test_metrics_sensor_prefixes_keys_on_a_topic_two_topologies_share() -> None:
@@ -402,7 +586,11 @@ def _report(instance: dg.DagsterInstance, outcomes: Sequence[Any]) -> dict[str, 
     return {o.check_name.split("__", 1)[1]: o.passed for o in outcomes}
 
 
-def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations() -> None:
+def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "tests.unit.test_observability:record")
+    ALERTS.clear()
     instance = dg.DagsterInstance.ephemeral()
     topology = wordcount.build()
     broker = _FakeBroker()
@@ -410,34 +598,64 @@ def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations() -> 
     previous = previous_evaluation(instance)
     now = 1_800_000_000_000
     dead = topology.dead_letter_topic
+    logged: list[str] = []
 
     def evaluate() -> dict[str, bool]:
-        return _report(instance, evaluate_topology(topology, broker, previous, settings, now))
+        """One evaluation as the checks sensor makes it: alert, then record the results."""
+        outcomes = evaluate_topology(topology, broker, previous, settings, now)
+        raise_dead_letter_alerts(topology, outcomes, logged.append)
+        return _report(instance, outcomes)
 
     # First evaluation: nothing waiting, no dead-letter topic yet (baseline).
     assert evaluate() == {LAG: True, DEAD_LETTERS: True, FRESH: True}
     broker.lags["sourceTopic"] = {0: 80, 1: 21}
     broker.waiting = now - 10_000
     assert evaluate() == {LAG: False, DEAD_LETTERS: True, FRESH: True}
+    assert not ALERTS
     # Drained, one poison record became a dead letter, the sink was written.
     broker.lags["sourceTopic"] = {0: 0, 1: 0}
     broker.ends[dead] = {0: 1}
+    broker.latest[dead] = now - 2_000
     broker.latest["wordcount-out"] = now - 5_000
     broker.waiting = None
     assert evaluate() == {LAG: True, DEAD_LETTERS: False, FRESH: True}
-    assert evaluate() == {LAG: True, DEAD_LETTERS: True, FRESH: True}  # nothing new since
+    (alert,) = ALERTS  # the hooks hear of the batch once
+    assert (alert.kind, alert.topology, alert.instance, alert.dead_letters) == (
+        "dead_letters",
+        "wordcount",
+        None,
+        1,
+    )
+    assert logged == [alert.describe()]
+    # Nothing new since: the check stays failed (a warning), and no second alert.
+    now += 60_000
+    assert evaluate() == {LAG: True, DEAD_LETTERS: False, FRESH: True}
+    key = dg.AssetCheckKey(topic_asset_key(dead), check_name("wordcount", DEAD_LETTERS))
+    latest = previous(key)
+    assert latest is not None and latest["new_dead_letters"].value == 0
+    assert len(ALERTS) == 1
     # A restarting broker: the topics are unknown for a moment. The dead letter
-    # seen before is not counted again once they are back.
+    # seen before is neither counted again once they are back nor forgotten.
     broker.topics.clear()
     saved, broker.ends = broker.ends, {}
-    assert evaluate() == {LAG: False, DEAD_LETTERS: True, FRESH: True}
+    assert evaluate() == {LAG: False, DEAD_LETTERS: False, FRESH: True}
     broker.topics.add("sourceTopic")
     broker.ends = saved
-    assert evaluate() == {LAG: True, DEAD_LETTERS: True, FRESH: True}
+    assert evaluate() == {LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert len(ALERTS) == 1
     # Input sits unconsumed for longer than the bound while the sink is silent.
     now += 3_600_000
     broker.waiting = now - 301_000
-    assert evaluate() == {LAG: True, DEAD_LETTERS: True, FRESH: False}
+    assert evaluate() == {LAG: True, DEAD_LETTERS: False, FRESH: False}
+    # A day after the newest dead letter the check passes by itself; a new one fails it
+    # again and alerts again.
+    now += 24 * 3_600_000
+    broker.waiting = None
+    assert evaluate() == {LAG: True, DEAD_LETTERS: True, FRESH: True}
+    broker.ends[dead] = {0: 3}
+    broker.latest[dead] = now - 1_000
+    assert evaluate() == {LAG: True, DEAD_LETTERS: False, FRESH: True}
+    assert [a.dead_letters for a in ALERTS] == [1, 2]
 
 
 def test_a_missing_source_topic_fails_the_lag_check() -> None:
@@ -479,10 +697,12 @@ def test_checks_are_declared_on_the_source_dead_letter_and_sink_assets() -> None
         (k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys
     }
     assert keys == {
+        ("topologies/wordcount", "wordcount__no_recent_crashes"),
+        ("topologies/wc2", "wc2__no_recent_crashes"),
         ("topics/sourceTopic", "wordcount__lag_within_bound"),
         ("topics/sourceTopic", "wc2__lag_within_bound"),  # a shared source: one check each
-        ("topics/wordcount__dead_letters", "wordcount__no_new_dead_letters"),
-        ("topics/wc2__dead_letters", "wc2__no_new_dead_letters"),
+        ("topics/wordcount__dead_letters", "wordcount__no_recent_dead_letters"),
+        ("topics/wc2__dead_letters", "wc2__no_recent_dead_letters"),
         ("topics/wordcount_out", "wordcount__output_fresh"),
         ("topics/wc2_out", "wc2__output_fresh"),
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -90,11 +92,20 @@ def test_a_start_that_fails_on_the_worker_is_tried_again() -> None:
     assert len(said) == 2
 
 
-def test_every_start_attempt_keeps_the_run_alive_first() -> None:
-    """A start blocks the run's heartbeat loop: each attempt beats before it begins."""
+def test_every_start_attempt_is_reported_as_the_step_under_way() -> None:
+    """A start blocks the run's loop: its heartbeat says so, attempt by attempt."""
     inst, _, _ = _instance([])
     events: list[str] = []
-    inst.keepalive = lambda: events.append("beat")
+
+    @contextlib.contextmanager
+    def busy(what: str) -> Iterator[None]:
+        events.append(what)
+        try:
+            yield
+        finally:
+            events.append("done")
+
+    inst.busy = busy
 
     def start_stage(stage: Any) -> FakeQuery:
         events.append("start")
@@ -104,7 +115,12 @@ def test_every_start_attempt_keeps_the_run_alive_first() -> None:
 
     inst._start_stage = start_stage  # type: ignore[method-assign]
     inst._start_stage_retrying(inst.topology.stages[0])
-    assert events == ["beat", "start"] * 3
+    step = "starting the query of stage 0"
+    assert events == [
+        *(step, "start", "done"),
+        *(f"{step} (attempt 2)", "start", "done"),
+        *(f"{step} (attempt 3)", "start", "done"),
+    ]
 
 
 def test_a_start_that_fails_otherwise_is_not_retried() -> None:

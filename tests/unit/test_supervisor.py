@@ -16,9 +16,12 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.errors import DagsterUserCodeUnreachableError
 from dagster._core.events import EngineEventData
+from dagster._utils.error import serializable_error_info_from_exc_info
 
 from jobs.alerts import alert_for, instance_failure_alerts
+from jobs.checks import crash_check_key
 from jobs.instance_job import instance_job, instance_run_config
 from jobs.supervisor import crash_history, plan_topology
 from stream_assets.control.alerts import Alert
@@ -145,8 +148,14 @@ def _beat(
     pid: int,
     ts: float,
     host: str | None = None,
+    loop_at: float = 0.0,
+    busy: str = "",
 ) -> None:
-    """The heartbeat the instance job writes, from process ``pid`` on ``host``."""
+    """The heartbeat the instance job writes, from process ``pid`` on ``host``.
+
+    ``loop_at``: when its run loop last went round (0: as the beat); ``busy``:
+    the step it is in since then.
+    """
     beat = Heartbeat(
         job_id=NAME,
         generation=int(run.tags[GENERATION_TAG]),
@@ -155,6 +164,9 @@ def _beat(
         ts=ts,
         pid=pid,
         host=this_host() if host is None else host,
+        loop_at=loop_at or ts,
+        busy=busy,
+        busy_since=loop_at if busy else 0.0,
     )
     instance.daemon_cursor_storage.set_cursor_values({heartbeat_key(run.run_id): beat.to_json()})
 
@@ -309,7 +321,50 @@ def test_hung_run_is_terminated_before_it_is_replaced(
     assert any("hung; terminated" in line for line in lines), lines
 
 
-def test_a_silent_run_is_not_terminated_while_it_is_expected_to_be_silent(
+def test_a_run_busy_in_one_step_is_alive_until_the_stall_bound_then_terminated(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    """Beats from its thread, loop stuck in a query start: alive for the whole bound."""
+    state = DesiredState(1, allocate(QUEUES, 1))
+    now = time.time()
+    (request,) = _requests(instance, state, now=now)
+    run = _start(instance, request, pid=live.pid)
+    starting = "starting the query of stage 1 (attempt 2)"
+    # Far longer than a heartbeat timeout, every beat fresh: a slow start, not a hang.
+    slow = now + 10 * SETTINGS.heartbeat_timeout_s
+    _beat(instance, run, live.pid, slow, loop_at=now, busy=starting)
+    assert _plan(instance, state, slow) == ([], [])
+    assert live.poll() is None
+    _status(instance, run, dg.DagsterRunStatus.STARTED)
+    # The same step past the stall bound: hung, terminated, then replaced.
+    stuck = now + SETTINGS.stall_timeout_s + 5
+    _beat(instance, run, live.pid, stuck, loop_at=now, busy=starting)
+    (relaunch,), lines = _plan(instance, state, stuck)
+    assert live.wait(5) == -15
+    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    (line,) = [x for x in lines if "terminated" in x]
+    assert f"its loop has not gone round for {SETTINGS.stall_timeout_s + 5:.0f} s" in line
+    assert starting in line, line
+
+
+def test_a_frozen_run_is_terminated_in_the_middle_of_a_rebalance(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    """Its heartbeat thread cannot run: a rebalance does not excuse the silence."""
+    allocation = allocate(QUEUES, 1)
+    now = time.time()
+    (request,) = _requests(instance, DesiredState(1, allocation), now=now)
+    run = _start(instance, request, pid=live.pid)
+    _beat(instance, run, live.pid, now)
+    warm = DesiredState(2, allocate(QUEUES, 2, previous=allocation), phase="warm")
+    _, lines = _plan(instance, warm, now + SETTINGS.heartbeat_timeout_s + 5)
+    assert live.wait(5) == -15
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    assert any("hung; terminated" in line for line in lines), lines
+
+
+def test_a_silent_run_is_not_terminated_while_it_exits_by_itself(
     instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
 ) -> None:
     allocation = allocate(QUEUES, 2)
@@ -321,13 +376,9 @@ def test_a_silent_run_is_not_terminated_while_it_is_expected_to_be_silent(
     for run in runs:
         _beat(instance, run, live.pid, now)
     later = now + 10 * SETTINGS.heartbeat_timeout_s
-    # Rebalance steps run in the loop that beats; a stopped topology's instances and a
-    # scaled-away index finish their batch before they exit: silent, not hung.
-    for state in (
-        DesiredState(2, allocate(QUEUES, 2, previous=allocation), phase="warm"),
-        DesiredState(2, allocate(QUEUES, 2, previous=allocation), phase="release"),
-        DesiredState(0, allocation),
-    ):
+    # A stopped topology's instances and a scaled-away index finish their batch before
+    # they exit: nothing replaces them, so they are not terminated.
+    for state in (DesiredState(0, allocation),):
         requests, lines = _plan(instance, state, later)
         assert requests == [] and len(lines) == 2, lines
         assert all("but not terminated" in line for line in lines)
@@ -452,6 +503,51 @@ def test_a_run_that_did_not_fail_ends_the_crash_streak(instance: dg.DagsterInsta
     assert _indexes(_requests(instance, state, time.time())) == [0]
 
 
+def _refused_launch(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.DagsterRun:
+    """A run failed as Dagster's run queue fails it when the code server never answered."""
+    run = instance.create_run_for_job(
+        instance_job, run_config=request.run_config, tags=dict(request.tags)
+    )
+    try:
+        raise DagsterUserCodeUnreachableError(
+            "Could not reach user code server. gRPC Error code: DEADLINE_EXCEEDED"
+        )
+    except DagsterUserCodeUnreachableError:
+        error = serializable_error_info_from_exc_info(sys.exc_info())
+    instance.report_engine_event(
+        "Run dequeue failed to reach the user code server after 5 attempts, failing run",
+        run,
+        EngineEventData.engine_error(error),
+    )
+    instance.report_run_failed(run)
+    return _status(instance, run, dg.DagsterRunStatus.FAILURE)
+
+
+def test_a_launch_the_code_server_never_answered_is_not_a_crash(
+    instance: dg.DagsterInstance,
+) -> None:
+    state = DesiredState(1, allocate(QUEUES, 1))
+    (request,) = _requests(instance, state, 0.0)
+    _fail(instance, request, "RuntimeError: boom")
+    for _ in range(3):
+        refused = _refused_launch(instance, request)
+    # Neither counted nor breaking the streak: one crash, so no backoff; relaunched at once.
+    history = crash_history(instance, NAME, 0, time.time(), SETTINGS)
+    assert (history.consecutive, history.in_window) == (1, 1)
+    (relaunch,), (line,) = _plan(instance, state, time.time())
+    assert relaunch.tags[INSTANCE_INDEX_TAG] == "0"
+    assert "instance 0 could not be launched" in line and "DEADLINE_EXCEEDED" in line, line
+    assert "not counted as a crash" in line
+    # Its alert says what it was; the crash check is not failed by it.
+    alert = alert_for(instance, refused, time.time(), SETTINGS)
+    assert (alert.kind, alert.crashes) == ("launch_failed", 1)
+    assert "could not be launched" in alert.describe() and "DEADLINE_EXCEEDED" in alert.message
+    # A second real crash after them is the second in a row: the backoff engages.
+    _fail(instance, request, "RuntimeError: boom again")
+    assert crash_history(instance, NAME, 0, time.time(), SETTINGS).consecutive == 2
+    assert _requests(instance, state, time.time()) == []
+
+
 # -- alerts -------------------------------------------------------------------------------------
 
 ALERTS: list[Alert] = []
@@ -515,10 +611,19 @@ def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
     logged = capfd.readouterr().err
     assert f"instance 0 of wc failed (run {run.run_id}): its process {dead_pid}" in logged
     assert "alert hook 'tests.unit.test_supervisor:broken_hook' raised RuntimeError" in logged
-    observed = instance.fetch_observations(topology_asset_key(NAME), limit=5).records
-    metadata = observed[0].asset_observation.metadata  # type: ignore[union-attr]
+    # The alert fails the topology's crash check (not one more observation among the metrics).
+    assert not instance.fetch_observations(topology_asset_key(NAME), limit=5).records
+    key = crash_check_key(NAME)
+    summary = instance.event_log_storage.get_asset_check_summary_records([key])[key]
+    record = summary.last_check_execution_record
+    evaluation = (
+        None if record is None or record.event is None else record.event.asset_check_evaluation
+    )
+    assert evaluation is not None and not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.ERROR
+    metadata = evaluation.metadata
     assert metadata["run_id"].value == run.run_id
-    assert metadata["instance"].value == 0
+    assert metadata["instance"].value == "0"  # text: a label, never plotted
     assert metadata["crashes_in_window"].value == 1
     assert "process" in str(metadata["failure"].value)
 
