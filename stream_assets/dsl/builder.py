@@ -322,7 +322,11 @@ class RStream:
         return self
 
     def print(self) -> None:
-        """Print each value (terminal)."""
+        """Print each value to the instance's stdout, in order per queue (terminal).
+
+        So does a plain ``print()`` in your functions; see
+        :class:`~stream_assets.plan.nodes.Print`.
+        """
         self._then(n.Print, "print")
 
     def sink(

@@ -144,7 +144,12 @@ class TableJoin(Stateful):
 
 @dataclass(frozen=True)
 class Print(Node):
-    """Print each value to the instance's stdout (terminal)."""
+    """Print each value (``print(value)``) to the instance's stdout (terminal).
+
+    Wherever the task ran, the line reaches the instance process's stdout (for
+    a run under Dagster, the run's captured stdout), in order per queue, at
+    least once (:mod:`~stream_assets.runtime.task_stdout`).
+    """
 
 
 @dataclass(frozen=True)

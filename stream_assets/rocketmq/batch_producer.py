@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tenacity import (
     RetryError,
@@ -70,7 +70,13 @@ from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt, checked
 from stream_assets.rocketmq.remoting import ConnectionPool, RemotingCommand, RequestCode
 from stream_assets.settings import RocketMQSettings
 
-__all__ = ["BatchProducer", "OutgoingMessage"]
+__all__ = [
+    "MAX_OWN_PROPERTIES_BYTES",
+    "BatchProducer",
+    "InvalidMessageError",
+    "OutgoingMessage",
+    "check_message",
+]
 
 # What a RocketMQ 5.3.3 broker checks of a send's size (MessageExtEncoder, the
 # "maxMessageBodySize" there being the broker's maxMessageSize):
@@ -124,6 +130,48 @@ _DEFAULT_TOPIC_QUEUES = "4"
 #: Property bytes kept free for what the broker appends per message (CLUSTER,
 #: MSG_REGION, TRACE_ON: about 70 bytes seen on 5.3.3) under the 32 KiB bound.
 BROKER_PROPERTY_ROOM = 512
+#: Hex digits of the per-message id (the UNIQ_KEY property) this producer writes.
+_MSG_ID_CHARS = 32
+#: What a message's own properties (user properties, KEYS, TAGS), UTF-8 encoded,
+#: may take: the broker's 32767 (a stored message's properties length is a
+#: signed 16-bit field; MessageExtEncoder answers PROPERTIES_SIZE_EXCEEDED, or
+#: throws for a batch), less the room above and the UNIQ_KEY property.
+MAX_OWN_PROPERTIES_BYTES = (
+    MAX_PROPERTIES_BYTES - BROKER_PROPERTY_ROOM - (len(PROPERTY_UNIQ_KEY) + 2 + _MSG_ID_CHARS)
+)
+
+
+class InvalidMessageError(ValueError):
+    """A message the broker would refuse or split apart; the text says which rule and what to do.
+
+    Raised before anything is sent (:func:`check_message`), so the engine can
+    make it one record's dead letter instead of a failed batch.
+    """
+
+
+def check_message(message: OutgoingMessage, max_message_size: int) -> OutgoingMessage:
+    """``message`` with its body as ``bytes``, if a RocketMQ broker would store it as sent.
+
+    Raises what :func:`~stream_assets.rocketmq.records.checked_body` raises for
+    the body (not bytes, empty, over ``max_message_size``:
+    :class:`~stream_assets.rocketmq.errors.MessageTooLargeError`), and
+    :class:`InvalidMessageError` when its key, tags or properties hold
+    ``\\x01``/``\\x02`` (the broker's separators), text that is not valid
+    UTF-8 (a lone surrogate), an empty property name, or take more than
+    :data:`MAX_OWN_PROPERTIES_BYTES` bytes together. Cheap enough to run
+    for every message (the engine's send buffer does, as each is queued).
+
+    >>> check_message(OutgoingMessage("t", bytearray(b"x"), key="k"), 10).body
+    b'x'
+    >>> try:
+    ...     check_message(OutgoingMessage("t", b"x", key="k" * 40_000), 10)
+    ... except InvalidMessageError as e:
+    ...     print(str(e)[:68])
+    message for topic 't': its key, tags and properties take 40006 bytes
+    """
+    body = checked_body(message.topic, message.body, max_message_size)
+    _own_properties(message)
+    return message if body is message.body else replace(message, body=body)
 
 
 class _TransientSendError(Exception):
@@ -203,6 +251,11 @@ class BatchProducer:
         self._pool: ConnectionPool | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._lifecycle = threading.Lock()
+
+    @property
+    def max_message_size(self) -> int:
+        """The broker's body limit this producer enforces (``settings.max_message_size``)."""
+        return self.settings.max_message_size
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -298,7 +351,8 @@ class BatchProducer:
         """Send ``messages`` and return where each was stored, in input order.
 
         Every message is validated and encoded before anything is sent, so a
-        bad one (not bytes, empty, too large, unknown topic, bad queue id)
+        bad one (not bytes, empty, too large, unknown topic, bad queue id, a
+        key or property the broker would refuse: :func:`check_message`)
         sends nothing. A request the broker refuses for good, or that still
         fails after ``settings.send_retries`` retries, raises
         :class:`SendError`; requests answered before it are stored.
@@ -329,8 +383,9 @@ class BatchProducer:
         The per-message loop is the client's main cost (a few microseconds a
         message), hence the local caches and the property string built by hand.
 
-        The one size limit of a message is its body's, ``settings.max_message_size``
-        (the broker's maxMessageSize). A message whose entry is over
+        A message's limits are its body's, ``settings.max_message_size`` (the
+        broker's maxMessageSize), and its properties' (:func:`check_message`,
+        the same rules). A message whose entry is over
         ``max_request_bytes`` gets a request of its own (queue order is kept:
         the queue's messages before and after it are in the requests before
         and after), as a batch of one if the broker takes its entry as a batch,
@@ -340,46 +395,19 @@ class BatchProducer:
         # The broker refuses a batch whose whole body is over its maxMessageSize.
         limit = min(self.max_request_bytes, body_limit)
         max_count = self.max_request_messages
-        props_limit = MAX_PROPERTIES_BYTES - BROKER_PROPERTY_ROOM
         id_prefix, id_counter = self._id_prefix, self._id_counter
         slots_of: dict[str, list[_Slot]] = {}
         queues: dict[tuple[str, int], deque[_Request]] = {}
         for position, m in enumerate(messages):
-            topic, body, key, tags = m.topic, m.body, m.key, m.tags
-            body = checked_body(topic, body, body_limit)
+            topic = m.topic
+            body = checked_body(topic, m.body, body_limit)
+            own = _own_properties(m)
             slots = slots_of.get(topic)
             if slots is None:
                 slots = slots_of[topic] = self._route(topic)[1]
             index = self._queue_index(m, len(slots))
             msg_id = f"{id_prefix}{next(id_counter):012X}"
-            # key and tags win over same-named user properties, as in Producer.
-            user = m.properties
-            if user and (
-                PROPERTY_KEYS in user or PROPERTY_TAGS in user or PROPERTY_UNIQ_KEY in user
-            ):
-                user = {
-                    k: v
-                    for k, v in user.items()
-                    if not (
-                        (k == PROPERTY_KEYS and key is not None)
-                        or (k == PROPERTY_TAGS and tags is not None)
-                        or k == PROPERTY_UNIQ_KEY
-                    )
-                }
-            text = encode_properties(user) if user else ""
-            if key is not None:
-                _check_value(PROPERTY_KEYS, key)
-                text += f"{PROPERTY_KEYS}\x01{key}\x02"
-            if tags is not None:
-                _check_value(PROPERTY_TAGS, tags)
-                text += f"{PROPERTY_TAGS}\x01{tags}\x02"
-            text = f"{text}{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
-            props = text.encode()
-            if len(props) > props_limit:
-                raise ValueError(
-                    f"message for topic {topic!r}: its properties take {len(props)} bytes, "
-                    f"over the {props_limit} a batch send allows"
-                )
+            props = own + f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02".encode()
             entry = encode_entry(body, props)
             size = len(entry)
             pending = queues.get((topic, index))
@@ -392,7 +420,7 @@ class BatchProducer:
                 request = _Request(topic, slots[index], index)
                 pending.append(request)
                 if size > body_limit:
-                    request.single = (body, text)
+                    request.single = (body, props.decode())
             request.positions.append(position)
             request.entries.append(entry)
             request.msg_ids.append(msg_id)
@@ -543,9 +571,57 @@ class BatchProducer:
             )
 
 
-def _check_value(name: str, value: str) -> None:
+def _own_properties(m: OutgoingMessage) -> bytes:
+    """The encoded property string of ``m`` without its UNIQ_KEY; raises InvalidMessageError.
+
+    Hand-built (it runs once per message sent): the user's properties, then
+    KEYS and TAGS, which win over same-named user properties as in Producer.
+    """
+    key, tags, user = m.key, m.tags, m.properties
+    if user and (PROPERTY_KEYS in user or PROPERTY_TAGS in user or PROPERTY_UNIQ_KEY in user):
+        user = {
+            k: v
+            for k, v in user.items()
+            if not (
+                (k == PROPERTY_KEYS and key is not None)
+                or (k == PROPERTY_TAGS and tags is not None)
+                or k == PROPERTY_UNIQ_KEY
+            )
+        }
+    try:
+        text = encode_properties(user) if user else ""
+    except ValueError as exc:
+        raise InvalidMessageError(f"message for topic {m.topic!r}: {exc}") from exc
+    if key is not None:
+        _check_value(m.topic, "key", key)
+        text += f"{PROPERTY_KEYS}\x01{key}\x02"
+    if tags is not None:
+        _check_value(m.topic, "tags", tags)
+        text += f"{PROPERTY_TAGS}\x01{tags}\x02"
+    try:
+        encoded = text.encode()
+    except UnicodeEncodeError as exc:
+        bad = ascii(exc.object[exc.start : exc.end])
+        raise InvalidMessageError(
+            f"message for topic {m.topic!r}: its key, tags or properties hold {bad}, which "
+            "is not valid UTF-8 (a lone surrogate); remove it before sending"
+        ) from exc
+    if len(encoded) > MAX_OWN_PROPERTIES_BYTES:
+        raise InvalidMessageError(
+            f"message for topic {m.topic!r}: its key, tags and properties take {len(encoded)} "
+            f"bytes, over the {MAX_OWN_PROPERTIES_BYTES} a RocketMQ broker stores with a "
+            "message (32767 in all); shorten the key or send fewer or shorter properties"
+        )
+    return encoded
+
+
+def _check_value(topic: str, name: str, value: str) -> None:
     if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
-        raise ValueError(f"message {name.lower()} {value!r} must not contain \\x01 or \\x02")
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        raise InvalidMessageError(
+            f"message for topic {topic!r}: its {name} {shown!r} must not contain "
+            "\\x01 or \\x02 (RocketMQ's property separators)"
+        )
 
 
 def _code_name(code: int) -> str:

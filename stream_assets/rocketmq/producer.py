@@ -37,10 +37,11 @@ from tenacity import (
 )
 
 from stream_assets.rocketmq.admin import RocketMQAdmin, TopicRoute, validate_topic_name
+from stream_assets.rocketmq.batch_producer import check_message
 from stream_assets.rocketmq.errors import RocketMQError, SendError
 from stream_assets.rocketmq.hashing import choose_queue
 from stream_assets.rocketmq.message_codec import normalize_msg_id
-from stream_assets.rocketmq.records import SendReceipt, checked_body
+from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
 from stream_assets.settings import RocketMQSettings
 
 _LOG_LEVEL_WARN = 3
@@ -158,11 +159,16 @@ class Producer:
         """Send one message synchronously and return where it was stored.
 
         The queue is ``queue_id`` if given, else the stable hash of ``key``,
-        else round-robin. ``key`` is also stored as the message key.
+        else round-robin. ``key`` is also stored as the message key. A message
+        the broker would refuse (body, key, tags or properties:
+        :func:`~stream_assets.rocketmq.batch_producer.check_message`) raises
+        before anything is sent.
         """
         if self._client is None:
             raise RocketMQError("producer is not started; call start() or use it as a context")
-        body = checked_body(topic, body, self.settings.max_message_size)
+        props = dict(properties) if properties else None
+        outgoing = OutgoingMessage(topic, body, key, tags, props, queue_id)
+        body = check_message(outgoing, self.settings.max_message_size).body
         queue_count = self.route(topic).write_queue_count
         # The selector callback is handed the chosen queue index.
         selector_arg = choose_queue(

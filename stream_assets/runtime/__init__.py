@@ -10,6 +10,7 @@
 - :mod:`~stream_assets.runtime.source`: the ``rocketmq`` Spark streaming source.
 - :mod:`~stream_assets.runtime.instance`: one SparkSession, one query per stage.
 - :mod:`~stream_assets.runtime.user_code`: the topology's modules shipped to executors.
+- :mod:`~stream_assets.runtime.task_stdout`: what tasks print, to the instance's stdout.
 - :mod:`~stream_assets.runtime.outage`: riding out a restarting broker.
 
 The same core runs in :mod:`stream_assets.testing`, without Spark or a broker.

@@ -8,6 +8,13 @@ lot to a transport that batches and pipelines it
 (:class:`~stream_assets.rocketmq.batch_producer.BatchProducer`, or the
 in-memory broker of :mod:`stream_assets.testing`).
 
+Each message is checked as it is queued
+(:func:`~stream_assets.rocketmq.batch_producer.check_message`: body size,
+key, tags and properties as a broker takes them), so a message the broker
+would refuse raises in ``send``, inside the code handling that one record,
+which makes it the record's dead letter; it never fails a flush, which
+carries a whole batch.
+
 Example::
 
     >>> from stream_assets.rocketmq.records import SendReceipt
@@ -18,6 +25,11 @@ Example::
     >>> buffer.send("out", b"a"); buffer.send("out", b"b", key="k")
     >>> [r.queue_offset for r in buffer.flush()], buffer.flush()
     ([0, 1], [])
+    >>> try:
+    ...     buffer.send("out", b"c", key="k" * 40_000)
+    ... except ValueError as exc:
+    ...     (type(exc).__name__, buffer.pending)
+    ('InvalidMessageError', 0)
 """
 
 from __future__ import annotations
@@ -25,7 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from stream_assets.rocketmq.batch_producer import check_message
 from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
+from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
 
 
 class Transport(Protocol):
@@ -35,10 +49,18 @@ class Transport(Protocol):
 
 
 class SendBuffer:
-    """A :class:`~stream_assets.runtime.ports.Sender` that sends on :meth:`flush`."""
+    """A :class:`~stream_assets.runtime.ports.Sender` that sends on :meth:`flush`.
 
-    def __init__(self, transport: Transport) -> None:
+    ``max_message_size``: the broker's body limit; default the transport's
+    ``max_message_size`` (the batch producer's and the in-memory broker's
+    setting), else RocketMQ's default 4 MiB.
+    """
+
+    def __init__(self, transport: Transport, max_message_size: int | None = None) -> None:
         self.transport = transport
+        if max_message_size is None:
+            max_message_size = getattr(transport, "max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
+        self.max_message_size: int = max_message_size
         self._pending: list[OutgoingMessage] = []
 
     def send(
@@ -52,9 +74,16 @@ class SendBuffer:
         route_key: str | None = None,
         tags: str | None = None,
     ) -> None:
-        """Queue one message (see :class:`OutgoingMessage` for how its queue is chosen)."""
+        """Queue one message (see :class:`OutgoingMessage` for how its queue is chosen).
+
+        Raises (and queues nothing) for a message the broker would refuse:
+        :class:`~stream_assets.rocketmq.batch_producer.InvalidMessageError` for
+        its key, tags or properties,
+        :class:`~stream_assets.rocketmq.errors.MessageTooLargeError` for its body.
+        """
         props = dict(properties) if properties is not None else None
-        self._pending.append(OutgoingMessage(topic, body, key, tags, props, queue_id, route_key))
+        message = OutgoingMessage(topic, body, key, tags, props, queue_id, route_key)
+        self._pending.append(check_message(message, self.max_message_size))
 
     def flush(self) -> list[SendReceipt]:
         """Send everything queued; returns once it is stored (receipts in send order).

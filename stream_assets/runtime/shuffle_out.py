@@ -6,7 +6,10 @@ its shuffle queue (stable hash of the packed key) and the entry to send
 (``[side, value]`` for a join); :meth:`ShuffleOut.accept` keeps a record's
 entries, and :meth:`ShuffleOut.send_all` sends one message per shuffle queue
 per micro-batch (see :mod:`~stream_assets.runtime.shuffle_codec`), chunked
-under the body limit.
+under the body limit (``MAX_BODY_BYTES``, or the broker's maxMessageSize if
+smaller). An entry that alone would not fit a message under the broker's
+limit (a huge key or value) fails in :meth:`ShuffleOut.key`, as its record's
+dead letter, so a shuffle send never carries a message the broker refuses.
 
 When a stage has one exit whose head is a decomposable aggregate, records are
 pre-combined per key and window before sending (``combine``), except where
@@ -57,6 +60,9 @@ Packable = bytes | tuple[Any, Any, int, int, int]
 Keyed = tuple[Any, bytes, int, Any, int, Packable]
 _INT64, _UINT64 = -(2**63), 2**64
 _NO_WINDOW: tuple[None] = (None,)
+#: Packed bytes of a per-record entry besides its key and value: the array header,
+#: ts, offset and sub (9 bytes each at most), a join's side tag and a str/bin header.
+_ENTRY_OVERHEAD = 48
 
 
 class ShuffleOut:
@@ -75,6 +81,10 @@ class ShuffleOut:
         merging = bool(self.agg and self.agg.window is not None and self.agg.window.is_merging)
         self.combine = combine and ctx.stage.combine and self.agg is not None and not merging
         self.router = _KeyRouter(ctx.shuffle_queues)
+        #: Target size of a shuffle message; chunks are cut under it.
+        self.body_limit = min(MAX_BODY_BYTES, ctx.max_message_size)
+        #: Largest packed entry: alone in a message, it must fit the broker's limit.
+        self.entry_limit = ctx.max_message_size - ENVELOPE_BYTES
         # (shuffle topic, queue) -> [(entry, origin offset)]: exits to one topic (both
         # sides of a join from one stage) share one message and one origin order.
         self.per_record: dict[tuple[str, int], list[tuple[Packable, int]]] = defaultdict(list)
@@ -87,7 +97,8 @@ class ShuffleOut:
         self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0
     ) -> list[Keyed]:
         """Key and route one record's ``elements`` at one exit; raise UserFunctionError naming
-        the key_by for a key function that fails or a key or value the shuffle cannot carry.
+        the key_by for a key function that fails, or a key or value the shuffle cannot
+        carry (msgpack refuses it, or its entry alone is over the broker's message limit).
 
         Sub-indexes count from ``first_sub`` (a keyed stage numbers a batch's results).
         """
@@ -105,9 +116,14 @@ class ShuffleOut:
                 # letter must not depend on how its batch went.
                 packed: Packable = (
                     (key, shipped, ts, offset, sub)
-                    if lazy and _always_packs(v) and _INT64 <= ts < _UINT64
+                    if lazy
+                    and _always_packs(v)
+                    and _INT64 <= ts < _UINT64
+                    and len(key_bytes) + _packed_bound(v) <= self.entry_limit
                     else pack_record(key, shipped, ts, offset, sub)
                 )
+                if type(packed) is bytes and len(packed) > self.entry_limit:
+                    raise _too_large(exit_.topic, len(packed), self.entry_limit)
             except PackingError as exc:
                 raise UserFunctionError(exit_.key_by.op_id, _shuffle_error(exc)) from exc
             except Exception as exc:
@@ -153,7 +169,7 @@ class ShuffleOut:
                 continue
             entries = self.per_record[(topic, target)]
             self.stats.shuffle_records += len(entries)
-            for chunk, last in _chunks(_packed(entries)):
+            for chunk, last in _chunks(_packed(entries), self.body_limit):
                 self._send(topic, target, records_body(self.src, chunk), last)
 
     def _combined_body(self, target: int, last_offset: int) -> bytes | None:
@@ -166,7 +182,7 @@ class ShuffleOut:
             )
         except PackingError:
             return None  # an accumulator the codec cannot carry: send records
-        return None if len(body) > MAX_BODY_BYTES else body  # too big: records
+        return None if len(body) > self.body_limit else body  # too big: records
 
     def _send(self, topic: str, target: int, body: bytes, offset: int) -> None:
         key = f"{self.ctx.job_id}/{self.src}/{offset}"
@@ -176,6 +192,26 @@ class ShuffleOut:
 
 def _shuffle_error(exc: PackingError) -> PackingError:
     return PackingError(f"the shuffle cannot carry this record: {exc}")
+
+
+class ShuffleEntryTooLargeError(ValueError):
+    """A key and value too large for any shuffle message: that record's dead letter."""
+
+
+def _too_large(topic: str, size: int, limit: int) -> ShuffleEntryTooLargeError:
+    return ShuffleEntryTooLargeError(
+        f"the shuffle cannot carry this record: its key and value take {size} bytes packed, "
+        f"over the {limit} a message to {topic!r} can hold (the broker's maxMessageSize, "
+        "STREAM_ASSETS_ROCKETMQ_MAX_MESSAGE_SIZE, less the message's envelope); make the "
+        "key or value smaller before the key_by"
+    )
+
+
+def _packed_bound(value: Any) -> int:
+    """Most bytes a per-record entry adds for ``value`` (one that :func:`_always_packs`)."""
+    if type(value) is str or type(value) is bytes:
+        return len(value) + _ENTRY_OVERHEAD
+    return 9 + _ENTRY_OVERHEAD
 
 
 class _KeyRouter:
@@ -291,15 +327,16 @@ def _packed(entries: list[tuple[Packable, int]]) -> list[tuple[bytes, int]]:
     return [(e if isinstance(e, bytes) else pack_record(*e), off) for e, off in entries]
 
 
-def _chunks(recs: list[tuple[bytes, int]]) -> list[tuple[list[bytes], int]]:
-    """Split packed records so each message stays under the body limit; with each
-    chunk, the origin offset of its last record."""
+def _chunks(recs: list[tuple[bytes, int]], limit: int) -> list[tuple[list[bytes], int]]:
+    """Split packed records so each message stays under ``limit`` bytes; with each
+    chunk, the origin offset of its last record. A record over ``limit`` alone is a
+    chunk of its own (:meth:`ShuffleOut.key` let it through: within the broker's limit)."""
     out: list[tuple[list[bytes], int]] = []
     chunk: list[bytes] = []
     size = ENVELOPE_BYTES
     last = -1
     for packed, offset in recs:
-        if chunk and size + len(packed) > MAX_BODY_BYTES:
+        if chunk and size + len(packed) > limit:
             out.append((chunk, last))
             chunk, size = [], ENVELOPE_BYTES
         chunk.append(packed)

@@ -40,6 +40,7 @@ from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.stateful import check_owner, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.runtime.store_handles import HANDLES
+from stream_assets.runtime.task_stdout import Lines, active_stdout_accumulator, run_printing
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import ChangelogConflictError
 from stream_assets.state.restore import ensure_current
@@ -160,8 +161,17 @@ def _stateful_attempt(
     return stats
 
 
-def task_fn(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of a stage: one stats row per (queue, range) row."""
+def task_fn(
+    ctx: TaskContext, stdout: Lines | None = None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of a stage: one stats row per (queue, range) row.
+
+    Called on the driver. What a queue's batch prints goes to ``stdout``, by
+    default the running SparkContext's accumulator that the driver writes to
+    its own stdout (:mod:`~stream_assets.runtime.task_stdout`); without a
+    SparkContext, prints are left alone.
+    """
+    lines = stdout if stdout is not None else active_stdout_accumulator()
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -174,8 +184,9 @@ def task_fn(ctx: TaskContext) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
                 else:
                     step = partial(run_stateless_queue, ctx, queue_id, start, end)
                 # A queue's batch commits all or nothing: repeating it is a replay.
+                # Captured per attempt: only the attempt that succeeded reaches stdout.
                 stats: TaskStats = ride_out_outage(
-                    step,
+                    partial(run_printing, step, lines),
                     budget_s=ctx.broker_outage_s,
                     what=f"{ctx.stage.job_id} stage {ctx.stage.stage.index} queue {queue_id}",
                 )

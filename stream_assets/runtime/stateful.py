@@ -25,7 +25,11 @@ proven current against the state topic. Per micro-batch and queue
    the same for a replayed copy and different for a new result: a window's
    bounds and key, a stream record's origin for a table join, and for an
    unwindowed key its version, the seq of the commit that emits the update
-   (:func:`_versioned`).
+   (:func:`_versioned`). A result key goes into message keys as a part of
+   its own, so a long one is shortened alone
+   (:func:`~stream_assets.runtime.outputs.message_key`). A result the broker
+   would refuse (a body over its limit) or a late record that cannot be
+   sent is a dead letter of its own, never the batch's failure.
 5. Checkpoint: values, origins, input offset, watermark and owner in one
    WriteBatch, the changelog record sent first and compare-and-appended.
 6. Results bound for another shuffle (a ``key_by`` after this stage's head)
@@ -63,8 +67,13 @@ from stream_assets.runtime.shuffle_codec import decode, decode_key, encode_key
 from stream_assets.runtime.shuffle_out import ShuffleOut
 from stream_assets.runtime.stateless import stage_graph
 from stream_assets.serde.packing import pack, unpack
-from stream_assets.state.changelog import ChangelogWriter, commit_with_changelog
+from stream_assets.state.changelog import (
+    DEFAULT_CHUNK_BYTES,
+    ChangelogWriter,
+    commit_with_changelog,
+)
 from stream_assets.state.errors import FencedError
+from stream_assets.state.records import MAX_BODY
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import WatermarkTracker, Window, merge_sessions, window_closed
 
@@ -74,8 +83,8 @@ _SESSION = b"s"  # key -> [[start, end, acc], ...]
 _TABLE = b"t"  # key -> [[ts, value], ...]: a table's versions, oldest first
 _PENDING = b"p"  # ts, key, origin -> [key, value, ts]: stream records waiting for the watermark
 _OUTBOX = b"\x00outbox"  # [seq, [[exit, queue, packed entry], ...]]: results for the next shuffle
-#: A result: (origin for message keys, value, event time, key).
-Result = tuple[str, Any, int, Any]
+#: A result: (origin for message keys, as key parts; value; event time; key).
+Result = tuple[tuple[str, ...], Any, int, Any]
 _BIAS = 2**63  # signed ms -> unsigned, so byte order is time order
 
 
@@ -268,8 +277,8 @@ def run_keyed_batch(
     elif agg.window is None:
         for key_bytes, ts in sorted(changed_plain.items()):
             key = decode_key(key_bytes)
-            value = agg.accumulator.result(state.get(_PLAIN + key_bytes))
-            results.append((_versioned(key, meta.seq), {"key": key, **value}, ts, key))
+            finish = _Finish(agg, key, state.get(_PLAIN + key_bytes), None)
+            results.append((_versioned(key, meta.seq), finish, ts, key))
     else:
         fired_end = _fire(state, agg, _max_opt(watermark, closed_floor), all_idle, results)
         stats.fired = len(results)
@@ -298,11 +307,27 @@ def run_keyed_batch(
     ):
         # A new owner commits even an empty batch: its generation in the state
         # topic is what fences the previous owner.
-        writer = ChangelogWriter(sender, ctx.stage.state_topic, queue_id, ctx.snapshot_every)
+        writer = _changelog_writer(ctx, sender, ctx.stage.state_topic, queue_id)
         commit_with_changelog(store, state.changes, meta, writer)
         if outbox:
             _send_outbox(ctx, queue_id, store, meta.seq, outbox, sender, stats)
     return stats
+
+
+def _changelog_writer(
+    ctx: StageContext, sender: Sender, state_topic: str, queue_id: int
+) -> ChangelogWriter:
+    """The queue's changelog writer, its messages within the broker's limit.
+
+    A state-topic message (a delta part, a snapshot chunk) is cut to the
+    smaller of the state codec's default and the broker's maxMessageSize, so
+    a large state value (a huge key, a big accumulator) travels in parts even
+    on a broker with a smaller limit.
+    """
+    max_body = min(MAX_BODY, ctx.max_message_size)
+    chunk_bytes = min(DEFAULT_CHUNK_BYTES, max_body - 1024)
+    every = ctx.snapshot_every
+    return ChangelogWriter(sender, state_topic, queue_id, every, max_body, chunk_bytes)
 
 
 def _windows_of(head: n.Stateful, ts: int) -> list[Window | None]:
@@ -427,20 +452,14 @@ def _fire(
     def collect(key_bytes: bytes, window: Window, acc: Any) -> None:
         nonlocal fired_end
         key = decode_key(key_bytes)
-        result_key = f"{window.start}-{window.end}/{_result_key(key)}"
+        result_key = (f"{window.start}-{window.end}", _result_key(key))
         # A window's results happen at its last instant (their event time downstream).
         ts = window.end - 1
         if isinstance(agg, n.Join):
             for left, right in join_pairs(acc_def.result(acc), agg.kind):
                 results.append((result_key, _Joined(agg, left, right), ts, key))
         else:
-            out = {
-                "key": key,
-                **acc_def.result(acc),
-                "window_start": window.start,
-                "window_end": window.end,
-            }
-            results.append((result_key, out, ts, key))
+            results.append((result_key, _Finish(agg, key, acc, window), ts, key))
         fired_end = window.end if fired_end is None else max(fired_end, window.end)
 
     if agg.window is not None and agg.window.is_merging:
@@ -481,6 +500,24 @@ def _fire(
 
 
 @dataclass(frozen=True)
+class _Finish:
+    """An aggregate's result still to compute, in _emit: its accumulator's ``result``
+    may be the user's code, and a failure there is that result's dead letter."""
+
+    head: n.Aggregate
+    key: Any
+    acc: Any
+    window: Window | None
+
+    def value(self) -> dict[str, Any]:
+        """``{"key": ..., <alias>: ..., ["window_start", "window_end"]}``."""
+        out = {"key": self.key, **self.head.accumulator.result(self.acc)}
+        if self.window is not None:
+            out["window_start"], out["window_end"] = self.window.start, self.window.end
+        return out
+
+
+@dataclass(frozen=True)
 class _Joined:
     """A pair to join: the joiner runs where user functions run (and may fail) in _emit."""
 
@@ -514,15 +551,12 @@ def _emit(
         else None
     )
     outbox: list[list[Any]] = []
-    for result_key, value, ts, key in results:
-        outputs.origin = result_key
+    for origin, value, ts, key in results:
+        outputs.origin = origin
         outputs.route_key = _result_key(key)
         try:
-            if isinstance(value, _Joined):
-                try:
-                    value = value.head.joiner(value.left, value.right)
-                except Exception as exc:
-                    raise UserFunctionError(head.op_id, exc) from exc
+            if isinstance(value, _Joined | _Finish):
+                value = _computed(head, value)
             meta = (
                 Metadata(topic=ctx.stage.input_topic, event_time=ts, result_key=key)
                 if graph.wants_metadata
@@ -538,21 +572,57 @@ def _emit(
                         entries.extend([i, target, packed] for *_, target, _v, _t, packed in keyed)
             outbox.extend(entries)
         except UserFunctionError as err:
-            shown = value if not isinstance(value, _Joined) else [value.left, value.right]
-            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, shown, result_key)
+            shown = _shown_result(value)
+            position = "/".join(origin)
+            _dead_letter(ctx, sender, stats, None, err.op_id, err.cause, shown, position)
     if head.late_topic:
-        for key, value, window_end, origin in late:
-            body = json.dumps(
-                {"key": key, "value": value, "window_end": window_end}, default=str
-            ).encode()
-            # Keyed by the record's origin, so a replayed batch's copies de-duplicate;
-            # the window end (a record is late in every sliding window it missed) and
-            # the result key (a pre-combined batch's partials share one origin) keep
-            # two different late entries apart.
-            late_key = message_key(ctx.job_id, "late", origin, str(window_end), _result_key(key))
-            sender.send(head.late_topic, body, key=late_key)
+        for key, value, window_end, where in late:
+            try:
+                _send_late(ctx, sender, head.late_topic, key, value, window_end, where)
+            except Exception as exc:  # e.g. a body over the broker's limit
+                shown = {"key": key, "value": value, "window_end": window_end}
+                position = f"late/{where}/{window_end}/{_result_key(key)}"
+                _dead_letter(ctx, sender, stats, None, head.op_id, exc, shown, position)
     outputs.flush()
     return outbox
+
+
+def _computed(head: n.Stateful, result: _Joined | _Finish) -> Any:
+    """The value of a result a user function finishes (joiner, accumulator result)."""
+    try:
+        if isinstance(result, _Finish):
+            return result.value()
+        return result.head.joiner(result.left, result.right)
+    except Exception as exc:
+        raise UserFunctionError(head.op_id, exc) from exc
+
+
+def _shown_result(value: Any) -> Any:
+    """What a result's dead letter shows: the value, or what it was to be made of."""
+    if isinstance(value, _Joined):
+        return [value.left, value.right]
+    if isinstance(value, _Finish):
+        return {"key": value.key, "accumulator": value.acc}
+    return value
+
+
+def _send_late(
+    ctx: StageContext,
+    sender: Sender,
+    topic: str,
+    key: Any,
+    value: Any,
+    window_end: int,
+    origin: str,
+) -> None:
+    """Send one late record to ``topic``; raises if the broker would refuse it."""
+    body = json.dumps({"key": key, "value": value, "window_end": window_end}, default=str)
+    # Keyed by the record's origin, so a replayed batch's copies de-duplicate;
+    # the window end (a record is late in every sliding window it missed) and
+    # the result key (a pre-combined batch's partials share one origin) keep
+    # two different late entries apart.
+    late_key = message_key(ctx.job_id, "late", origin, str(window_end), _result_key(key))
+    sender.send(topic, body.encode(), key=late_key)
 
 
 def _dead_letter(
@@ -566,18 +636,42 @@ def _dead_letter(
     position: str,
 ) -> None:
     """Dead-letter one value of this stage (a shuffle entry or a result), as JSON."""
-    body = json.dumps(value, default=str).encode()
+    body = _shown(value)
     queue_id, offset = (record.queue_id, record.queue_offset) if record else (-1, -1)
     failed = Record(ctx.stage.input_topic, queue_id, offset, body)
     where = f"{ctx.stage.input_topic}/{op_id}/{position}"
     dead_letter(ctx, sender, stats, failed, op_id, exc, where)
 
 
+def _shown(value: Any) -> bytes:
+    """``value`` as JSON for a dead letter, or its ``repr`` if JSON cannot hold it.
+
+    Never raises: a dead letter that fails would fail its batch on every retry.
+    """
+    try:
+        return json.dumps(value, default=str).encode()
+    except Exception:  # a dict with tuple keys, nesting deeper than the recursion limit
+        try:
+            return repr(value).encode("utf-8", "backslashreplace")
+        except Exception:
+            return f"<a {type(value).__name__} that neither JSON nor repr shows>".encode()
+
+
 def _result_key(key: Any) -> str:
-    return key if isinstance(key, str) else json.dumps(key, default=str)
+    """A grouping key as text (message keys, sink routing): itself, or its JSON.
+
+    >>> _result_key("new york"), _result_key(("eu", 7)), _result_key({("a",): 1})
+    ('new york', '["eu", 7]', "{('a',): 1}")
+    """
+    if isinstance(key, str):
+        return key
+    try:
+        return json.dumps(key, default=str)
+    except (TypeError, ValueError):  # JSON has no such map key (a tuple, bytes)
+        return repr(key)
 
 
-def _versioned(key: Any, seq: int) -> str:
+def _versioned(key: Any, seq: int) -> tuple[str, str]:
     """An unwindowed result's origin: its result key and version, ``<result key>/v<seq>``.
 
     Every update of an unwindowed key is a new result, so the result key alone
@@ -591,10 +685,14 @@ def _versioned(key: Any, seq: int) -> str:
     written, so recomputed results are newer than the old ones. No state key
     is added, so state written before versions existed needs no conversion.
 
+    Two key parts, so that shortening a long result key
+    (:func:`~stream_assets.runtime.outputs.message_key`) keeps the version
+    readable: the message key is ``.../<result key>/v<seq>/<n>`` either way.
+
     >>> _versioned("new york", 7), _versioned(["eu", 7], 12)
-    ('new york/v7', '["eu", 7]/v12')
+    (('new york', 'v7'), ('["eu", 7]', 'v12'))
     """
-    return f"{_result_key(key)}/v{seq}"
+    return (_result_key(key), f"v{seq}")
 
 
 def _max_opt(a: int | None, b: int | None) -> int | None:
@@ -660,7 +758,7 @@ def _fire_pending(
         current = [v for v in versions if v[0] <= ts]
         table_value = current[-1][1] if current else None
         src, off, sub = struct.unpack_from(">QQQ", raw, 9)
-        result_key = f"{ts}/{src}/{off}/{sub}/{_result_key(key)}"
+        result_key = (f"{ts}/{src}/{off}/{sub}", _result_key(key))
         if current or head.kind == "left":
             results.append((result_key, _Joined(head, item, table_value), ts, key))
         state.put(raw, None)

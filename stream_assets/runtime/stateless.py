@@ -8,8 +8,10 @@ its origin (this queue's origin id, offset, sub-index) so the keyed stage
 applies it exactly once even when this batch is re-sent after a crash.
 
 Any failure of one record -- its deserializer, a user function, the key, the
-aggregate's ``add``, or a value or key the shuffle codec cannot carry -- sends
-that record's original bytes to the dead-letter topic, and the batch goes on.
+aggregate's ``add``, a value or key the shuffle codec cannot carry or that is
+too large for a shuffle message, or a sink message the broker would refuse --
+sends that record's original bytes to the dead-letter topic, and the batch
+goes on.
 """
 
 from __future__ import annotations
@@ -67,11 +69,12 @@ def run_source_batch(
         stats.records_in += 1
         offset = last_offset = record.queue_offset
         # The queue's index, not the broker's id: ids repeat across broker groups.
-        outputs.origin = f"{record.topic}/{queue_id}/{offset}"
+        origin = f"{record.topic}/{queue_id}/{offset}"
+        outputs.origin = (origin,)
         try:
             value = source.deserializer(record.body)
         except Exception as exc:
-            dead_letter(ctx, sender, stats, record, source.op_id, exc, outputs.origin)
+            dead_letter(ctx, sender, stats, record, source.op_id, exc, origin)
             continue
         ts = record.born_timestamp
         try:
@@ -88,7 +91,7 @@ def run_source_batch(
                 shuffle.fold(k)
                 keyed.append(k)
         except UserFunctionError as err:
-            dead_letter(ctx, sender, stats, record, err.op_id, err.cause, outputs.origin)
+            dead_letter(ctx, sender, stats, record, err.op_id, err.cause, origin)
             continue
         for i in exits:
             if keyed[i]:

@@ -18,6 +18,7 @@ import collections
 import importlib
 import json
 import random
+import re
 import sys
 import textwrap
 import uuid
@@ -234,12 +235,12 @@ USER_PACKAGE = '''
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.windows import Time, TumblingWindow
 
-from .fields import event_time, parse, the_key
+from .fields import describe, event_time, parse, the_key
 
 
 def build(job_id, source, sink, idle_timeout_s):
     builder = StreamBuilder(job_id)
-    (
+    windows = (
         builder.source(source, parse)
         .select_timestamp(event_time)
         .key_by(the_key)
@@ -248,17 +249,25 @@ def build(job_id, source, sink, idle_timeout_s):
         .water_mark(5)
         .idle_timeout(idle_timeout_s)
         .to_rstream()
-        .sink(sink)
     )
+    windows.sink(sink)
+    windows.map(describe).print()
     return builder.build()
 '''
 
+#: ``HELPERS`` is replaced by the name of a package beside the user's (not installed,
+#: not a subpackage): only the driver has it, so it is shipped because fields imports it.
 USER_FIELDS = """
 import json
 
+from HELPERS.keys import key_of
+
 
 def parse(body):
-    return json.loads(body)
+    event = json.loads(body)
+    # A user's print() in a task: reaches the instance's stdout, in order per queue.
+    print(f"{__name__} parsed q{event['q']} #{event['n']}")
+    return event
 
 
 def event_time(event):
@@ -266,7 +275,25 @@ def event_time(event):
 
 
 def the_key(event):
-    return event["key"]
+    return key_of(event)
+
+
+def describe(result):
+    return f"{__name__} window {result['key']} {result['window_start']} {result['sum']}"
+"""
+
+#: The helper package; ``UTIL`` (a single-file module, imported only inside the
+#: function, so the driver never imports it) is shipped because keys imports it.
+USER_HELPER_KEYS = """
+def key_of(event):
+    from UTIL import field
+
+    return field(event, "key")
+"""
+
+USER_UTIL = """
+def field(event, name):
+    return event[name]
 """
 
 BASE_TS = 1_700_000_000_000  # window-aligned (multiple of 10 s)
@@ -294,10 +321,19 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
     report: Any,
 ) -> None:
     package = f"ituser_{uuid.uuid4().hex[:8]}"
+    helpers, util = f"{package}_helpers", f"{package}_util"
     user_src = tmp_path / "user-src"
     (user_src / package).mkdir(parents=True)
     (user_src / package / "__init__.py").write_text(textwrap.dedent(USER_PACKAGE))
-    (user_src / package / "fields.py").write_text(textwrap.dedent(USER_FIELDS))
+    (user_src / package / "fields.py").write_text(
+        textwrap.dedent(USER_FIELDS).replace("HELPERS", helpers)
+    )
+    (user_src / helpers).mkdir()
+    (user_src / helpers / "__init__.py").write_text("")
+    (user_src / helpers / "keys.py").write_text(
+        textwrap.dedent(USER_HELPER_KEYS).replace("UTIL", util)
+    )
+    (user_src / f"{util}.py").write_text(textwrap.dedent(USER_UTIL))
     job = unique("it-cws")
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 2)
@@ -315,7 +351,9 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
         driver.wait_started(240)
         for wave in range(3):
             per_queue = _wave_events(rnd, wave, queues=2)
-            for events in per_queue.values():
+            for q, events in per_queue.items():
+                for i, e in enumerate(events):
+                    e["q"], e["n"] = q, wave * len(events) + i  # what parse() prints
                 for e in events:
                     start = e["ts"] - (e["ts"] - BASE_TS) % 10_000
                     reference[(e["key"], start, start + 10_000)] += e["value"]
@@ -335,6 +373,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
         metrics = driver.stop(180)["metrics"]
 
     assert _windows(admin, sink) == dict(reference)
+    _assert_printed_on_the_driver(spark_cluster, driver.stderr_path, package, reference, 3 * 150)
     assert metrics["1"]["totals"]["late"] == 0
     for stage in ("0", "1"):
         assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
@@ -346,6 +385,38 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
     (state_topic,) = topology.state_topics
     voids = _assert_one_history_per_queue(admin, state_topic)
     _report_state_costs(report, f"windowed sum from {package}", metrics["1"], voids)
+
+
+def _assert_printed_on_the_driver(
+    cluster: SparkCluster,
+    driver_log: Path,
+    package: str,
+    reference: dict[tuple[str, int, int], int],
+    per_queue: int,
+) -> None:
+    """The closure of the user's modules was shipped, and what its tasks printed (a
+    user's print(), a Print operator) reached the driver's stdout, in order per queue.
+
+    The driver process sends its stdout to this log (tests/integration/_driver_process).
+    Without the engine carrying them back, these lines would be in the executors' own
+    stderr files on the workers, never in the driver's.
+    """
+    log = driver_log.read_text(errors="replace")
+    helpers, util = f"{package}_helpers", f"{package}_util"
+    shipping = [line for line in log.splitlines() if "shipping topology modules" in line]
+    assert shipping and all(name in shipping[0] for name in (package, helpers, util)), shipping
+    parsed: dict[int, list[int]] = collections.defaultdict(list)
+    for q, n in re.findall(rf"^{package}\.fields parsed q(\d+) #(\d+)$", log, re.MULTILINE):
+        parsed[int(q)].append(int(n))
+    for q in (0, 1):
+        # Print is at-least-once: a replayed batch may print again, after what it printed.
+        assert list(dict.fromkeys(parsed[q])) == list(range(per_queue)), f"queue {q}"
+    windows = re.findall(rf"^{package}\.fields window (\S+) (\d+) (\d+)$", log, re.MULTILINE)
+    assert set(windows) == {(k, str(start), str(s)) for (k, start, _), s in reference.items()}
+    executor_logs = [path for i in (0, 1) for path in cluster.worker_dir(i).glob("work/*/*/stderr")]
+    assert executor_logs
+    for path in executor_logs:
+        assert f"{package}.fields" not in path.read_text(errors="replace"), path
 
 
 def ad_join_case(
