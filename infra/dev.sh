@@ -102,7 +102,8 @@ case "${1:-}" in
     need_browser
     log "ruff"; ruff check .
     log "mypy"; mypy
-    log "pytest"; pytest -q -p no:cacheprovider "${@:2}"
+    # The slowest tests, so CI shows where its time limit goes.
+    log "pytest"; pytest -q -p no:cacheprovider --durations=25 "${@:2}"
     ;;
   bench)
     # One command per benchmark from a fresh clone: set up, start the local
