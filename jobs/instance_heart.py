@@ -45,6 +45,17 @@ if TYPE_CHECKING:
     from jobs.instance_job import InstanceConfig
 
 
+class _Step:
+    """A step under way in :meth:`Heart.busy`: its detail can change, its start does not."""
+
+    def __init__(self, heart: Heart, what: str, since: float) -> None:
+        self._heart, self.what, self.since = heart, what, since
+
+    def say(self, text: str) -> None:
+        """Show ``<what>: <text>`` as the step's description from now on."""
+        self._heart._busy = (f"{self.what}: {text}", self.since)
+
+
 class Heart:
     """This run's heartbeat: its sign of life to the supervisor, and its rebalance answers.
 
@@ -82,24 +93,27 @@ class Heart:
         self._loop_at = time.time()
 
     @contextmanager
-    def busy(self, what: str) -> Iterator[None]:
+    def busy(self, what: str) -> Iterator[_Step]:
         """Say what a long step of the run loop is doing while it does it.
 
         Nested steps show the innermost; the outer one shows again after it.
+        The step yielded can say how far it got.
 
         Example::
 
             >>> heart = Heart(None, None)  # type: ignore[arg-type]
-            >>> with heart.busy("starting the query of stage 0"):
+            >>> with heart.busy("warming up the stores of 2 queues") as step:
+            ...     step.say("warmed state[3]: 120 keys")
             ...     heart.doing()[0]
-            'starting the query of stage 0'
+            'warming up the stores of 2 queues: warmed state[3]: 120 keys'
             >>> heart.doing() is None
             True
         """
         outer = self._busy
-        self._busy = (what, time.time())
+        step = _Step(self, what, time.time())
+        self._busy = (what, step.since)
         try:
-            yield
+            yield step
         finally:
             self._busy = outer
 

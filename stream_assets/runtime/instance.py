@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from stream_assets.control.restore import warm_queues
 from stream_assets.control.topics import check_topology_credentials, provision_topics
@@ -102,12 +102,24 @@ def _print(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-#: Wraps a long step with what it does: ``with busy("starting ..."): ...``.
-Busy = Callable[[str], AbstractContextManager[object]]
+class Step(Protocol):
+    """A long step under way, as :data:`Busy` yields it: ``say`` tells how far it got."""
+
+    def say(self, text: str) -> None:
+        """Replace the step's detail (``warmed ...[3]: 120 keys``), keeping its start."""
 
 
-def _unwatched(_what: str) -> AbstractContextManager[object]:
-    return nullcontext()
+class _Unwatched:
+    def say(self, text: str) -> None:
+        pass
+
+
+#: Wraps a long step with what it does: ``with busy("starting ...") as step: ...``.
+Busy = Callable[[str], AbstractContextManager[Step]]
+
+
+def _unwatched(_what: str) -> AbstractContextManager[Step]:
+    return nullcontext(_Unwatched())
 
 
 class Instance:
@@ -294,9 +306,14 @@ class Instance:
         pairs = [(topic, q) for topic, queues in sorted(gained.items()) for q in queues]
         reader = QueueReader(self._admin, f"{self.group}-warm")
         try:
-            with self.busy(f"warming up the stores of {len(pairs)} queues"):
+            with self.busy(f"warming up the stores of {len(pairs)} queues") as step:
+
+                def progress(line: str) -> None:
+                    self.progress(line)
+                    step.say(line)  # the scale job shows it while it waits
+
                 done = warm_queues(
-                    self.topology, pairs, self.engine.state_dir, self._admin, reader, self.progress
+                    self.topology, pairs, self.engine.state_dir, self._admin, reader, progress
                 )
         finally:
             reader.close()

@@ -195,7 +195,7 @@ def run_keyed_batch(
     ) -> None:
         """Fold a record (``value``) or a pre-combined ``partial`` into the state."""
         key_bytes = encode_key(key)
-        if window is not None and window_closed(window, closed):
+        if window is not None and window_closed(_judged(state, agg, key_bytes, window), closed):
             stats.late += count
             late.append((key, value, window.end, origin))
             return
@@ -405,6 +405,23 @@ def read_key_state(
             if kb == key_bytes:
                 found[w] = acc_def.result(unpack(raw))
     return found if window is None else found.get(window)
+
+
+def _judged(state: _BatchState, head: n.Stateful, key_bytes: bytes, window: Window) -> Window:
+    """The window a record's lateness is judged by: for a session, the one it merges into.
+
+    A record's own ``[t, t + gap)`` may end before the watermark while the
+    key's session it falls into is still open (other keys moved the
+    watermark): it is on time then. The stored sessions of a key neither
+    overlap nor touch, so one pass in start order finds everything it joins.
+    """
+    if not (isinstance(head, n.Aggregate) and head.window is not None and head.window.is_merging):
+        return window
+    start, end = window.start, window.end
+    for s, e, _acc in sorted(state.get(_SESSION + key_bytes) or [], key=lambda se: se[0]):
+        if s <= end and start <= e:  # overlaps or touches: merges (merge_sessions)
+            start, end = min(start, s), max(end, e)
+    return Window(start, end)
 
 
 def _fold_session(

@@ -91,7 +91,10 @@ def dagster_deployment(
         [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
         cwd=PROJECT_ROOT,
         # The daemon launches runs: a test's run launcher is imported there.
-        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

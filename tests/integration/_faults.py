@@ -13,6 +13,11 @@ whichever master runs the tasks.
 - ``launcher=True``: they run ``stream-assets-worker-python``, which connects
   first: a held runner is late with its imports only, which Spark waits for.
 
+``slow_query_start_site(dir, hold_s)`` makes starting a streaming query take
+``hold_s`` longer in the driver (an instance's own process), each time it is
+armed (:func:`arm`): as a JVM that answers slowly on a starved machine. It is
+what an instance's run loop waits on when it starts or restarts its queries.
+
 :class:`UnreachableCodeServerLauncher` makes Dagster's run launches fail as
 they do when its code server does not answer in time.
 
@@ -56,9 +61,7 @@ class _HoldRunner:
     def find_spec(self, name, path=None, target=None):
         if name == {runner!r} and not _HoldRunner.held:
             _HoldRunner.held = True
-            with open({budget!r}) as f:
-                times = int(f.read())
-            for i in range(1, times + 1):
+            for i in range(1, {times} + 1):
                 try:
                     os.mkdir(os.path.join({held!r}, str(i)))
                 except FileExistsError:
@@ -80,20 +83,14 @@ RESTART_LINE = "did not start in time"
 
 
 def late_source_runner_python(
-    directory: Path, times: int = 1, launcher: bool = False, hold_s: float = HOLD_S
+    directory: Path, times: int = 1, launcher: bool = False
 ) -> tuple[Path, Path]:
-    """The wrapper's path, and the directory that records each runner it held back.
-
-    Each of the first ``times`` runners is held ``hold_s``; :func:`arm` holds more later.
-    """
+    """The wrapper's path, and the directory that records each runner it held back."""
     held, site = directory / "held", directory / "site"
     held.mkdir(parents=True, exist_ok=True)
     site.mkdir(parents=True, exist_ok=True)
-    (directory / "budget").write_text(str(times))
     (site / "sitecustomize.py").write_text(
-        _SITECUSTOMIZE.format(
-            runner=_RUNNER, budget=str(directory / "budget"), held=str(held), hold=hold_s
-        )
+        _SITECUSTOMIZE.format(runner=_RUNNER, times=times, held=str(held), hold=HOLD_S)
     )
     python = venv_python()
     target = str(Path(python).parent / LAUNCHER) if launcher else python
@@ -108,13 +105,72 @@ def held_back(held: Path) -> int:
     return sum(1 for _ in held.iterdir())
 
 
+# Loaded by every Python started with this directory on PYTHONPATH; only a process
+# that imports PySpark's DataStreamWriter (an instance's driver) is affected: its
+# start() first takes one hold from the budget, if any is left.
+_SLOW_START_SITE = """
+import importlib.util, os, sys, time
+
+_MODULE = "pyspark.sql.streaming.readwriter"
+
+def _hold():
+    with open({budget!r}) as f:
+        times = int(f.read() or 0)
+    for i in range(1, times + 1):
+        try:
+            os.mkdir(os.path.join({held!r}, str(i)))
+        except FileExistsError:
+            continue
+        time.sleep({hold})
+        return
+
+class _SlowStart:
+    def find_spec(self, name, path=None, target=None):
+        if name != _MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            start = module.DataStreamWriter.start
+
+            def slow_start(self, *args, **kwargs):
+                _hold()
+                return start(self, *args, **kwargs)
+
+            module.DataStreamWriter.start = slow_start
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, _SlowStart())
+"""
+
+
+def slow_query_start_site(directory: Path, hold_s: float) -> tuple[Path, Path]:
+    """A directory to put on PYTHONPATH, and the one recording each held query start.
+
+    Disarmed until :func:`arm` gives it starts to hold.
+    """
+    held, site = directory / "held", directory / "site"
+    held.mkdir(parents=True, exist_ok=True)
+    site.mkdir(parents=True, exist_ok=True)
+    (directory / "budget").write_text("0")
+    (site / "sitecustomize.py").write_text(
+        _SLOW_START_SITE.format(budget=str(directory / "budget"), held=str(held), hold=hold_s)
+    )
+    return site, held
+
+
 def arm(held: Path, more: int) -> None:
-    """Hold back the next ``more`` runners too (``held``: as returned with the wrapper).
+    """Hold the next ``more`` query starts too (``held``: as returned with the site).
 
     Example::
 
-        >>> python, held = late_source_runner_python(tmp, times=0, launcher=True)  # doctest: +SKIP
-        >>> arm(held, 2)  # the next two query starts are slow  # doctest: +SKIP
+        >>> site, held = slow_query_start_site(tmp, hold_s=25)  # doctest: +SKIP
+        >>> arm(held, 2)  # the next two query starts take 25 s longer  # doctest: +SKIP
     """
     (held.parent / "budget").write_text(str(held_back(held) + more))
 

@@ -39,11 +39,16 @@ from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
 from tests.integration._dagster_env import dagster_deployment
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
-from tests.integration._faults import RESTART_LINE, arm, held_back, late_source_runner_python
+from tests.integration._faults import RESTART_LINE, arm, held_back, slow_query_start_site
 from tests.integration._load import cpu_hog
 from tests.integration._run_logs import run_log, spark_noise
 
 pytestmark = pytest.mark.integration
+
+#: How long each held query start takes (tests/integration/_faults.py): longer than
+#: the deployment's heartbeat timeout (20 s), which used to get an instance killed
+#: as hung in the middle of a rebalance.
+SLOW_START_S = 25.0
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +57,13 @@ def dagster_env(
 ) -> Iterator[dict[str, Any]]:
     """DAGSTER_HOME, env for the code location, a running dagster-daemon."""
     home = tmp_path_factory.mktemp("dagster_home")
-    # Spark's Python workers run through a wrapper that can slow query starts (armed by
-    # a test; until then it does nothing).
-    python, held = late_source_runner_python(
-        home / "fault", times=0, launcher=True, hold_s=SLOW_START_S
-    )
+    # Every process of the deployment loads a fault that can make an instance's query
+    # starts slow (armed by a test; until then it does nothing).
+    site, held = slow_query_start_site(home / "fault", hold_s=SLOW_START_S)
     with dagster_deployment(
         home,
         client_settings.namesrv_addr,
-        PYSPARK_PYTHON=str(python),
+        PYTHONPATH=str(site),
         STREAM_ASSETS_SUPERVISOR_INTERVAL_S="3",
         STREAM_ASSETS_HEARTBEAT_TIMEOUT_S="20",
         # Up to 4 instances beside a CPU hog on 2 cores: every micro-batch has a
@@ -233,11 +236,6 @@ def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str
     return out
 
 
-#: How long each held query start takes: longer than the deployment's heartbeat
-#: timeout (20 s), which used to get an instance killed as hung mid-rebalance.
-SLOW_START_S = 25.0
-
-
 # Two scales (one with slow query starts, one with a kill -9 in its run phase), each
 # launching Spark JVMs beside the hog: on 2 busy cores this can outlast the suite's
 # 15-minute default.
@@ -312,7 +310,7 @@ def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
         assert run.tags[GENERATION_TAG] == str(generation), (run.run_id, run.tags)
     scale_run = instance.get_run_by_id(shrunk[0].run_id)
     assert scale_run is not None and scale_run.tags.get(TOPOLOGY_TAG) == name
-    said = [e.message or "" for e in shrunk[0].all_events]
+    said = [e.user_message for e in instance.all_logs(shrunk[0].run_id)]
     assert any("phase 'run': instance 0 runs the new allocation" in m for m in said), said
     wait_until(
         lambda: _drained(admin, name, [source, shuffle]), 600, "every queue drained", poll_s=1.0
@@ -330,6 +328,9 @@ def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
     # queries) with the engine's own Spark configuration: its log is its own lines.
     messages, captured = run_log(instance, final["0"])
     assert "run_instance" in captured, captured[-2000:]
+    record = instance.get_run_record_by_id(final["0"])
+    assert record is not None and record.start_time is not None
+    assert time.time() - record.start_time >= 120, "instance 0 ran less than 2 minutes"
     noise = spark_noise(messages) + spark_noise(captured)
     assert not noise, f"{len(noise)} lines of Spark noise, first ones:\n" + "\n".join(noise[:40])
     report(

@@ -336,6 +336,39 @@ def test_session_windows_merge_when_a_record_bridges_them() -> None:
         assert _fired(driver.outputs(), "sum") == _session_ref(events, 1_000)
 
 
+@pytest.mark.parametrize("pre_combine", [True, False])
+def test_a_record_inside_a_still_open_session_is_on_time(pre_combine: bool) -> None:
+    """Judged by the session it merges into, not by its own [t, t + gap).
+
+    Key ``b`` moves the watermark (lateness 0) past ``a``'s record's own window,
+    but ``a``'s session, which that record falls into, is still open.
+    """
+    topology = _windowed_topology("open-session", SessionWindow.with_gap(Time.seconds(5)), 0)
+    first = [("a", 1, 0), ("a", 1, 4_000), ("a", 1, 8_000), ("b", 1, 12_000)]
+    inside = [("a", 1, 6_000)]
+    with TopologyTestDriver(
+        topology, source_queues=1, shuffle_queues=1, pre_combine=pre_combine
+    ) as driver:
+        _pipe_events(driver, first)
+        driver.advance()
+        assert driver.state("a") is not None, "a's session [0, 13000) must still be open"
+        _pipe_events(driver, inside)
+        driver.advance_idle()
+        assert sum(s.late for s in driver.stats) == 0
+        assert _fired(driver.outputs(), "sum") == _session_ref(first + inside, 5_000)
+
+
+def test_a_record_that_only_reaches_a_closed_session_is_late() -> None:
+    topology = _windowed_topology("closed-session", SessionWindow.with_gap(Time.seconds(1)), 0)
+    with TopologyTestDriver(topology, source_queues=1, shuffle_queues=1) as driver:
+        _pipe_events(driver, [("a", 1, 0), ("b", 1, 5_000)])
+        driver.advance()  # a's [0, 1000) fired: the watermark is 5000
+        _pipe_events(driver, [("a", 1, 500)])
+        driver.advance_idle()
+        assert sum(s.late for s in driver.stats) == 1
+        assert _fired(driver.outputs(), "sum") == {("a", 0, 1_000): 1, ("b", 5_000, 6_000): 1}
+
+
 # -- pre-combine ----------------------------------------------------------------
 
 

@@ -15,7 +15,6 @@ import dagster as dg
 import pytest
 from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
 
-from jobs.alerts import instance_failure_alerts
 from jobs.checks import (
     CRASHES,
     DEAD_LETTERS,
@@ -60,6 +59,7 @@ from stream_assets.plan.topology import Topology
 from stream_assets.runtime.instance import StageMetrics
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import CheckSettings
+from tests.unit._alert_sensor import alert_sensor_tick
 
 # -- rates -----------------------------------------------------------------------------
 
@@ -458,22 +458,6 @@ def _failed_instance_run(instance: dg.DagsterInstance, index: int, reason: str) 
     return failed
 
 
-def _alert_sensor(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
-    """One tick of the run-failure alert sensor on ``run``, as the daemon makes it."""
-    failure = next(
-        e.dagster_event
-        for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-    )
-    assert failure is not None
-    context = dg.build_run_status_sensor_context(
-        sensor_name="instance_failure_alerts",
-        dagster_event=failure,
-        dagster_instance=instance,
-        dagster_run=run,
-    ).for_run_failure()
-    instance_failure_alerts(context)
-
-
 def _latest_evaluation(
     instance: dg.DagsterInstance, key: dg.AssetCheckKey
 ) -> dg.AssetCheckEvaluation:
@@ -496,7 +480,7 @@ def test_a_crash_alert_is_a_failed_check_on_the_topology_until_the_window_passes
     assert key.name == check_name("wordcount", CRASHES)
     run = _failed_instance_run(instance, 1, "the broker refused the connection")
 
-    _alert_sensor(instance, run)
+    alert_sensor_tick(instance, run)
     (alert,) = ALERTS  # the hooks got it
     assert (alert.kind, alert.instance, alert.run_id) == ("crash", 1, run.run_id)
     evaluation = _latest_evaluation(instance, key)

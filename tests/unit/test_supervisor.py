@@ -20,7 +20,7 @@ from dagster._core.errors import DagsterUserCodeUnreachableError
 from dagster._core.events import EngineEventData
 from dagster._utils.error import serializable_error_info_from_exc_info
 
-from jobs.alerts import alert_for, instance_failure_alerts
+from jobs.alerts import alert_for
 from jobs.checks import crash_check_key
 from jobs.instance_job import instance_job, instance_run_config
 from jobs.supervisor import crash_history, plan_topology
@@ -41,6 +41,7 @@ from stream_assets.control.registry import (
     TOPOLOGY_TAG,
 )
 from stream_assets.settings import SupervisorSettings
+from tests.unit._alert_sensor import alert_sensor_tick
 
 NAME = "wc"
 QUEUES = {"wc-src": [0, 1], "wc-shuffle": [0, 1, 2, 3]}
@@ -304,13 +305,20 @@ def test_a_heartbeating_run_whose_process_died_is_dead_before_its_heartbeat_ages
     _status(instance, kept, dg.DagsterRunStatus.STARTED)
 
 
-def test_hung_run_is_terminated_before_it_is_replaced(
+def _one_started(
     instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
-) -> None:
+) -> tuple[DesiredState, dg.DagsterRun, float]:
+    """A topology of one instance, its run started with process ``live``; and when."""
     state = DesiredState(1, allocate(QUEUES, 1))
     now = time.time()
     (request,) = _requests(instance, state, now=now)
-    run = _start(instance, request, pid=live.pid)
+    return state, _start(instance, request, pid=live.pid), now
+
+
+def test_hung_run_is_terminated_before_it_is_replaced(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    state, run, now = _one_started(instance, live)
     _beat(instance, run, live.pid, now)
     assert _requests(instance, state, now=now + SETTINGS.heartbeat_timeout_s - 1) == []
     # Alive but silent past the timeout: hung. SIGTERM ends the sleep, then it is replaced.
@@ -325,10 +333,7 @@ def test_a_run_busy_in_one_step_is_alive_until_the_stall_bound_then_terminated(
     instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
 ) -> None:
     """Beats from its thread, loop stuck in a query start: alive for the whole bound."""
-    state = DesiredState(1, allocate(QUEUES, 1))
-    now = time.time()
-    (request,) = _requests(instance, state, now=now)
-    run = _start(instance, request, pid=live.pid)
+    state, run, now = _one_started(instance, live)
     starting = "starting the query of stage 1 (attempt 2)"
     # Far longer than a heartbeat timeout, every beat fresh: a slow start, not a hang.
     slow = now + 10 * SETTINGS.heartbeat_timeout_s
@@ -562,21 +567,6 @@ def broken_hook(alert: Alert) -> None:
     raise RuntimeError(f"cannot page for {alert.run_id}")
 
 
-def _alert_sensor(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
-    failure = next(
-        e.dagster_event
-        for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
-    )
-    assert failure is not None
-    context = dg.build_run_status_sensor_context(
-        sensor_name="instance_failure_alerts",
-        dagster_event=failure,
-        dagster_instance=instance,
-        dagster_run=run,
-    ).for_run_failure()
-    instance_failure_alerts(context)
-
-
 def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
     instance: dg.DagsterInstance,
     dead_pid: int,
@@ -593,7 +583,7 @@ def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
     # A killed process, found dead by the supervisor: the first failure is a plain crash.
     run = _start(instance, request, pid=dead_pid)
     (relaunch,) = _requests(instance, state, now=time.time())
-    _alert_sensor(instance, _status(instance, run, dg.DagsterRunStatus.FAILURE))
+    alert_sensor_tick(instance, _status(instance, run, dg.DagsterRunStatus.FAILURE))
     (alert,) = ALERTS
     assert (alert.topology, alert.instance, alert.run_id, alert.crashes, alert.kind) == (
         NAME,
@@ -605,7 +595,7 @@ def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
     assert f"process {dead_pid}" in alert.message
     # Dagster's code server may report the same run failed again: still one alert.
     instance.report_run_failed(run)
-    _alert_sensor(instance, run)
+    alert_sensor_tick(instance, run)
     assert len(ALERTS) == 1
     # One clear line; the broken hook is reported, and did not keep the other from running.
     logged = capfd.readouterr().err
@@ -629,7 +619,7 @@ def test_failed_runs_raise_alerts_to_the_log_the_topology_asset_and_the_hooks(
 
     # The second consecutive failure engages the backoff: a crash-loop alert.
     second = _fail(instance, relaunch, "RuntimeError: cannot connect to the broker")
-    _alert_sensor(instance, second)
+    alert_sensor_tick(instance, second)
     loop = ALERTS[-1]
     assert (loop.kind, loop.crashes, loop.run_id) == ("crash_loop", 2, second.run_id)
     assert 0 < loop.retry_in_s <= SETTINGS.backoff_base_s
