@@ -124,25 +124,32 @@ def _hold():
         time.sleep({hold})
         return
 
+class _Patching:
+    # A loader of its own around the real one: a zip's loader is shared by every
+    # module in the zip (Spark's workers import PySpark from pyspark.zip).
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        start = module.DataStreamWriter.start
+
+        def slow_start(self, *args, **kwargs):
+            _hold()
+            return start(self, *args, **kwargs)
+
+        module.DataStreamWriter.start = slow_start
+
 class _SlowStart:
     def find_spec(self, name, path=None, target=None):
         if name != _MODULE:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            start = module.DataStreamWriter.start
-
-            def slow_start(self, *args, **kwargs):
-                _hold()
-                return start(self, *args, **kwargs)
-
-            module.DataStreamWriter.start = slow_start
-
-        spec.loader.exec_module = exec_module
+        spec.loader = _Patching(spec.loader)
         return spec
 
 sys.meta_path.insert(0, _SlowStart())
