@@ -88,11 +88,11 @@ FRESH = "output_fresh"
 DEAD_LETTER_ENDS = "dead_letter_end_offsets"
 #: Metadata key under which it keeps the newest dead letter's time (a timestamp).
 NEWEST_DEAD_LETTER = "newest_dead_letter_at"
-#: The dead-letter check fails while the newest dead letter is younger than this: long
-#: enough that whoever looks the next day still sees it, short enough to clear by itself
-#: (dead letters cannot be deleted from a topic; retention takes days). A
-#: ``dead_letter_hold_s`` field of CheckSettings, when there is one, takes its place.
-DEAD_LETTER_HOLD_S = 24 * 3600.0
+#: The dead-letter check fails while the newest dead letter is younger than this (the
+#: default of ``STREAM_ASSETS_CHECK_DEAD_LETTER_HOLD_S``): long enough that whoever
+#: looks the next day still sees it, short enough to clear by itself (dead letters
+#: cannot be deleted from a topic; retention takes days).
+DEAD_LETTER_HOLD_S = CheckSettings.model_fields["dead_letter_hold_s"].default
 
 
 def check_name(job_id: str, kind: str) -> str:
@@ -122,7 +122,7 @@ def check_specs(
 ) -> list[dg.AssetCheckSpec]:
     """The check specs of one topology, on itself and its source, dead-letter and sink topics."""
     job = topology.job_id
-    hold = _span(_hold_s(settings or CheckSettings()))
+    hold = _span((settings or CheckSettings()).dead_letter_hold_s)
     specs = [
         dg.AssetCheckSpec(
             check_name(job, CRASHES),
@@ -648,10 +648,6 @@ def _previous_newest_ms(metadata: Mapping[str, Any] | None) -> int | None:
     return None if raw is None else int(float(_plain(raw)) * 1000)
 
 
-def _hold_s(settings: CheckSettings) -> float:
-    return float(getattr(settings, "dead_letter_hold_s", DEAD_LETTER_HOLD_S))
-
-
 def _previous_ends(metadata: Mapping[str, Any] | None) -> dict[int, int] | None:
     raw = None if metadata is None else metadata.get(DEAD_LETTER_ENDS)
     if raw is None:
@@ -723,7 +719,7 @@ def _dead_letters(
     known = [t for t in (stored, _previous_newest_ms(before)) if t is not None]
     newest = max(known) if known else None
     return dead_letter_outcome(
-        job, dead, ends, previous_ends, newest, now_ms, hold_s=_hold_s(settings)
+        job, dead, ends, previous_ends, newest, now_ms, hold_s=settings.dead_letter_hold_s
     )
 
 

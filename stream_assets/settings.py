@@ -370,6 +370,12 @@ class CheckSettings(BaseSettings):
     interval_s: int = Field(
         default=60, ge=1, description="Seconds between two evaluations by the checks sensor."
     )
+    dead_letter_hold_s: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="The dead-letter check fails (as a warning) until the newest dead letter "
+        "is this old: long enough that whoever looks the next day still sees it.",
+    )
     overrides: dict[str, CheckBounds] = Field(
         default_factory=dict,
         description="Per topology (job id), as JSON: "
