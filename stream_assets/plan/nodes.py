@@ -15,6 +15,7 @@ from typing import Any
 
 from stream_assets.operators.aggregates import Accumulator
 from stream_assets.serde import Deserializer, Serializer
+from stream_assets.windows.assigners import Window
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,21 @@ class Stateful(Node):
     idle_timeout_ms: int
     late_topic: str | None
 
+    def windows_of(self, ts: int) -> list[Window | None]:
+        """The windows a record at ``ts`` counts in (``[None]``: unwindowed)."""
+        return list(self.window.assign(ts)) if self.window is not None else [None]
+
+    def late_by(self, ts: int, progress: int) -> bool:
+        """Whether a record at ``ts`` is late (in some window) once its source queue's
+        progress (max event time read before it) is ``progress``.
+
+        For a session this is the record's own ``[ts, ts + gap)``: the session
+        it merges into ends no earlier, so a record this calls on time is on
+        time whatever it merges into.
+        """
+        closed_to = progress - self.allowed_lateness_ms
+        return any(w is not None and w.end <= closed_to for w in self.windows_of(ts))
+
 
 @dataclass(frozen=True)
 class Aggregate(Stateful):
@@ -140,6 +156,10 @@ class TableJoin(Stateful):
 
     kind: str  # "inner" | "left"
     joiner: Callable[[Any, Any], Any]
+
+    def windows_of(self, ts: int) -> list[Window | None]:
+        """A record of either side is a point in time: ``[ts, ts + 1)``."""
+        return [Window(ts, ts + 1)]
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,8 @@ class TaskStats:
     outputs: int = 0
     shuffle_messages: int = 0
     shuffle_records: int = 0  # entries sent: records, or pre-combined partials
+    #: Of shuffle_messages: progress marks (a shuffle queue the batch had no entries for).
+    progress_marks: int = 0
     dead_letters: int = 0
     late: int = 0
     skipped_duplicates: int = 0

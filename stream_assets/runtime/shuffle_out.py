@@ -13,10 +13,17 @@ dead letter, so a shuffle send never carries a message the broker refuses.
 
 When a stage has one exit whose head is a decomposable aggregate, records are
 pre-combined per key and window before sending (``combine``), except where
-the caller forbids it (see ``StageContext.may_combine``). A shuffle queue's
-batch also goes per record when one of its records is late by its own
-origin's progress within the batch, so that the keyed stage judges lateness
-exactly as without combining.
+the caller forbids it (see ``StageContext.may_combine``).
+
+Progress travels with the records (:mod:`~stream_assets.runtime.shuffle_codec`).
+The origin's progress is the highest event time of every element it sent to
+any exit, whatever its route (:meth:`ShuffleOut.observe`). It ends each
+shuffle queue's batch, as a mark where the batch had nothing else for that
+queue, and a record that its origin's progress before it makes late carries
+that progress. The keyed stage thus judges a record by its source queue's own
+progress, not by what happened to be routed to it. A shuffle queue's batch
+goes per record, not pre-combined, when it holds such a record, so it is
+judged exactly as without combining.
 
 Example::
 
@@ -44,8 +51,10 @@ from stream_assets.runtime.shuffle_codec import (
     ENVELOPE_BYTES,
     encode_combined,
     encode_key,
+    encode_mark,
     pack_record,
     records_body,
+    with_progress,
 )
 from stream_assets.serde.packing import PackingError
 
@@ -90,7 +99,9 @@ class ShuffleOut:
         self.per_record: dict[tuple[str, int], list[tuple[Packable, int]]] = defaultdict(list)
         self.combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
         self.combined_records: dict[int, int] = defaultdict(int)
-        self.progress: dict[int, int] = {}  # per shuffle queue: max event time sent this batch
+        #: The origin's progress: the highest event time it read in this batch so far
+        #: (a keyed stage's outbox sets it; see observe).
+        self.progress: int | None = None
         self.per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
 
     def key(
@@ -140,25 +151,41 @@ class ShuffleOut:
         if self.agg is None:
             return
         _fold(self.agg, keyed, self.combined if self.combine else None)
-        if self.combine and self.agg.window is not None:
-            _check_progress(self.agg, keyed, self.progress, self.per_record_only)
 
     def accept(self, exit_index: int, keyed: list[Keyed], offset: int) -> None:
-        """Keep a record's keyed elements for sending (after it fully succeeded)."""
-        topic = self.exits[exit_index].topic
-        for _key, _kb, target, _v, _ts, packed in keyed:
-            self.per_record[(topic, target)].append((packed, offset))
+        """Keep a record's keyed elements for sending (after it fully succeeded).
+
+        An element that the origin's progress before this record makes late
+        carries that progress, and its shuffle queue's batch goes per record.
+        """
+        exit_ = self.exits[exit_index]
+        progress = self.progress
+        for _key, _kb, target, _v, ts, packed in keyed:
+            if progress is not None and exit_.head.late_by(ts, progress):
+                whole = packed if isinstance(packed, bytes) else pack_record(*packed)
+                packed = with_progress(whole, progress)
+                self.per_record_only.add(target)
+            self.per_record[(exit_.topic, target)].append((packed, offset))
             if self.combine:
                 self.combined_records[target] += 1
 
+    def observe(self, keyed: list[list[Keyed]]) -> None:
+        """Count one record's elements (at every exit, after they were accepted) in the
+        origin's progress: their event times (a select_timestamp's, if any)."""
+        for at_exit in keyed:
+            for _key, _kb, _target, _v, ts, _packed in at_exit:
+                if self.progress is None or ts > self.progress:
+                    self.progress = ts
+
     def send_all(self, last_offset: int) -> None:
-        """Send the batch: one message (or chunk) per exit and shuffle queue."""
-        combined_targets = set(self.combined) if self.combine else set()
+        """Send the batch: one message (or chunk) per exit and shuffle queue, the last
+        to each queue with the origin's progress, a mark to a queue with nothing else."""
+        progress = self.progress
+        combined_targets = set(self.combined) if self.combine and progress is not None else set()
         sent: set[tuple[str, int]] = set()
-        for target in sorted(combined_targets):
-            if target in self.per_record_only:
-                continue
-            body = self._combined_body(target, last_offset)
+        for target in sorted(combined_targets - self.per_record_only):
+            assert progress is not None
+            body = self._combined_body(target, last_offset, progress)
             if body is not None:
                 topic = self.exits[0].topic
                 self._send(topic, target, body, last_offset)
@@ -169,16 +196,28 @@ class ShuffleOut:
                 continue
             entries = self.per_record[(topic, target)]
             self.stats.shuffle_records += len(entries)
-            for chunk, last in _chunks(_packed(entries), self.body_limit):
-                self._send(topic, target, records_body(self.src, chunk), last)
+            chunks = _chunks(_packed(entries), self.body_limit)
+            for i, (chunk, last) in enumerate(chunks):
+                final = progress if i == len(chunks) - 1 else None
+                self._send(topic, target, records_body(self.src, chunk, final), last)
+            sent.add((topic, target))
+        if progress is None:
+            return  # nothing read: no progress to tell
+        for topic in dict.fromkeys(e.topic for e in self.exits):
+            for target in range(self.ctx.shuffle_queues):
+                if (topic, target) not in sent:
+                    mark = encode_mark(self.src, (last_offset, _WHOLE_OFFSET), progress)
+                    self._send(topic, target, mark, last_offset)
+                    self.stats.progress_marks += 1
 
-    def _combined_body(self, target: int, last_offset: int) -> bytes | None:
+    def _combined_body(self, target: int, last_offset: int, progress: int) -> bytes | None:
         try:
             body = encode_combined(
                 self.src,
                 list(self.combined[target].values()),
                 (last_offset, _WHOLE_OFFSET),
                 self.combined_records[target],
+                progress,
             )
         except PackingError:
             return None  # an accumulator the codec cannot carry: send records
@@ -241,24 +280,6 @@ class _KeyRouter:
                 self._known.clear()
             self._known[key] = routed
         return routed
-
-
-def _check_progress(
-    agg: n.Aggregate, keyed: list[Keyed], progress: dict[int, int], per_record_only: set[int]
-) -> None:
-    """Mark shuffle queues that must go per record, then advance their progress.
-
-    A record whose window this batch's own earlier records (bound for the same
-    queue) already closed is late by its origin's progress; only the
-    per-record form lets the keyed stage judge that exactly as without combining.
-    """
-    assert agg.window is not None
-    for _key, _kb, target, _v, ts, _packed in keyed:
-        for w in agg.window.assign(ts):
-            if w.end <= progress.get(target, w.end) - agg.allowed_lateness_ms:
-                per_record_only.add(target)
-    for _key, _kb, target, _v, ts, _packed in keyed:
-        progress[target] = max(progress.get(target, ts), ts)
 
 
 def _fold(

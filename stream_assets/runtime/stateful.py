@@ -12,10 +12,14 @@ proven current against the state topic. Per micro-batch and queue
    is above the highest origin already applied from that source queue; skip
    the rest (exactly once across the shuffle).
 3. Judge lateness against the watermark as it stood at the start of the batch
-   and against the record's own origin's progress (its earlier records in
-   offset order), so results do not depend on how records were grouped into
-   messages or batches; then advance the per-origin watermark and fire every
-   window whose end it passed.
+   and against the record's own origin's progress when it was read: every
+   record its source queue read before it, whatever their keys' routes. That
+   progress travels with the records (each batch's messages end with it, a
+   queue with no records gets a mark, a record it makes late carries it:
+   :mod:`~stream_assets.runtime.shuffle_codec`), so results do not depend on
+   key routing or on how records were grouped into messages or batches;
+   then advance the per-origin watermark and fire every window whose end it
+   passed.
    Origins the caller reports idle (judged by broker offsets, never by the
    time between batches) leave the watermark's minimum; when every origin is
    idle, all open windows fire.
@@ -34,7 +38,10 @@ proven current against the state topic. Per micro-batch and queue
    WriteBatch, the changelog record sent first and compare-and-appended.
 6. Results bound for another shuffle (a ``key_by`` after this stage's head)
    go through an *outbox*: committed with the state in step 5, sent only
-   after it, with origin (this queue, the commit's seq, position). A batch
+   after it, with origin (this queue, the commit's seq, position) and this
+   queue's progress (its fired watermark and results' event times) to every
+   queue of the next shuffle, so a chained stage's watermark moves even
+   where no result of this queue went. A batch
    replayed after a crash may fire other windows than the attempt that died,
    so only committed results may travel on; the next batch (or a restore on
    another executor) re-sends an outbox whose send was not confirmed, and
@@ -167,16 +174,17 @@ def run_keyed_batch(
     wm_start = _max_opt(tracker.last_watermark, closed_floor)
     lateness = agg.allowed_lateness_ms
 
-    def closed_for(src: int) -> int | None:
+    def closed_for(src: int, carried: int | None = None) -> int | None:
         """Up to where windows are closed for the next record from origin ``src``.
 
         Closed by the watermark (what has fired), or by the origin's own
-        progress: its records before this one, in offset order, already reached
-        event time T, so anything for a window ending at or before
-        T - lateness is late, even while a silent origin holds the watermark
-        back, and even in a queue's first batch.
+        progress: the records it read before this one already reached event
+        time T, so anything for a window ending at or before T - lateness is
+        late, even while a silent origin holds the watermark back, and even in
+        a queue's first batch. ``carried``: the progress the record brought
+        (set when records routed elsewhere made it late).
         """
-        progress = tracker.max_event_time(src)
+        progress = _max_opt(tracker.max_event_time(src), carried)
         return _max_opt(wm_start, None if progress is None else progress - lateness)
 
     state = _BatchState(store)
@@ -223,24 +231,37 @@ def run_keyed_batch(
         src = int(body["src"])
         applied = tuple(meta.origins.get(src, (-1, -1)))
         if "recs" in body:
-            for key, value, ts, off, sub in body["recs"]:
+            # The elements of one origin offset (one source record, one keyed
+            # batch's results) are all judged by the progress before them.
+            reading, read_ts = None, None
+            for entry in body["recs"]:
+                key, value, ts, off, sub = entry[:5]
                 if (off, sub) <= applied:
                     stats.skipped_duplicates += 1
                     continue
+                if off != reading and read_ts is not None:
+                    tracker.observe(src, read_ts)
+                reading, read_ts = off, _max_opt(read_ts, ts) if off == reading else ts
                 applied = (off, sub)
                 got_input = True
                 stats.records_in += 1
                 try:
                     ts_now = ts
-                    windows: list[Window | None] = _windows_of(agg, ts)
-                    closed = closed_for(src)
-                    for w in windows:
+                    closed = closed_for(src, entry[5] if len(entry) > 5 else None)
+                    for w in agg.windows_of(ts):
                         fold(key, w, None, 1, value, f"{src}/{off}/{sub}", closed)
                 except Exception as exc:
                     _dead_letter(
                         ctx, sender, stats, record, agg.op_id, exc, value, f"{src}/{off}/{sub}"
                     )
-                tracker.observe(src, ts)
+            if read_ts is not None:
+                tracker.observe(src, read_ts)
+        elif "comb" not in body:  # a progress mark
+            end_origin = tuple(body["end"])
+            if end_origin <= applied:
+                continue
+            applied = end_origin
+            got_input = True  # committed like records: the progress must last
         else:
             end_origin = tuple(body["end"])
             if end_origin <= applied:
@@ -262,6 +283,8 @@ def run_keyed_batch(
                     value = [key, ws, we, partial]
                     _dead_letter(ctx, sender, stats, record, agg.op_id, exc, value, position)
                 tracker.observe(src, max_ts)
+        if "p" in body:  # the origin's progress through this message's last origin
+            tracker.observe(src, int(body["p"]))
         meta.origins[src] = (int(applied[0]), int(applied[1]))
 
     watermark = tracker.watermark(idle)
@@ -286,8 +309,22 @@ def run_keyed_batch(
             # Windows fired by idleness stay closed: later records for them are late.
             closed_floor = _max_opt(closed_floor, fired_end)
     outbox = _emit(ctx, queue_id, meta.seq, sender, stats, agg, results, late)
-    if outbox:
-        state.changes[_OUTBOX] = pack([meta.seq, outbox])
+    # This queue's progress for the next shuffle: results to come are at or
+    # after the watermark that fired (a window's result happens at its end - 1).
+    fired_to = None if agg.window is None and not isinstance(agg, n.TableJoin) else watermark
+    fired_to = _max_opt(fired_to, closed_floor)
+    out_progress = _max_opt(
+        meta.extra.get("out_p"),
+        _max_opt(
+            None if fired_to is None else fired_to - 1, max((r[2] for r in results), default=None)
+        ),
+    )
+    send_outbox = bool(ctx.stage.exits) and (
+        bool(outbox) or out_progress != meta.extra.get("out_p")
+    )
+    if send_outbox:
+        state.changes[_OUTBOX] = pack([meta.seq, outbox, out_progress])
+        meta.extra["out_p"] = out_progress
     # Outputs (and dead letters, late records) durable before the changelog
     # says this batch happened: a restore never skips outputs that were lost.
     sender.flush()
@@ -309,8 +346,8 @@ def run_keyed_batch(
         # topic is what fences the previous owner.
         writer = _changelog_writer(ctx, sender, ctx.stage.state_topic, queue_id)
         commit_with_changelog(store, state.changes, meta, writer)
-        if outbox:
-            _send_outbox(ctx, queue_id, store, meta.seq, outbox, sender, stats)
+        if send_outbox:
+            _send_outbox(ctx, queue_id, store, meta.seq, outbox, out_progress, sender, stats)
     return stats
 
 
@@ -330,13 +367,6 @@ def _changelog_writer(
     return ChangelogWriter(sender, state_topic, queue_id, every, max_body, chunk_bytes)
 
 
-def _windows_of(head: n.Stateful, ts: int) -> list[Window | None]:
-    """The windows a record at ``ts`` counts in; a table join's record is a point in time."""
-    if isinstance(head, n.TableJoin):
-        return [Window(ts, ts + 1)]
-    return list(head.window.assign(ts)) if head.window is not None else [None]
-
-
 def _resend_outbox(
     ctx: StageContext, queue_id: int, store: QueueStateStore, sender: Sender, stats: TaskStats
 ) -> None:
@@ -346,9 +376,10 @@ def _resend_outbox(
     raw = store.get(_OUTBOX)
     if raw is None:
         return
-    seq, entries = unpack(raw)
+    seq, entries, *progress = unpack(raw)  # no progress: written before it travelled
     if store.meta.extra.get("outbox_sent") != seq:
-        _send_outbox(ctx, queue_id, store, seq, entries, sender, stats)
+        carried = progress[0] if progress else None
+        _send_outbox(ctx, queue_id, store, seq, entries, carried, sender, stats)
 
 
 def _send_outbox(
@@ -357,10 +388,12 @@ def _send_outbox(
     store: QueueStateStore,
     seq: int,
     entries: list[list[Any]],
+    progress: int | None,
     sender: Sender,
     stats: TaskStats,
 ) -> None:
-    """Send committed results to the next shuffles, then note locally that they went.
+    """Send committed results to the next shuffles with this queue's ``progress``,
+    then note locally that they went.
 
     The note is local (same seq, no changelog write); the next commit carries
     it into the changelog. Without it, a restore re-sends, and the next stage
@@ -370,6 +403,7 @@ def _send_outbox(
     for exit_index, target, packed in entries:
         topic = ctx.stage.exits[int(exit_index)].topic
         out.per_record[(topic, int(target))].append((bytes(packed), seq))
+    out.progress = progress
     out.send_all(seq)
     sender.flush()
     meta = store.meta.copy()

@@ -96,6 +96,7 @@ def run_source_batch(
         for i in exits:
             if keyed[i]:
                 shuffle.accept(i, keyed[i], offset)
+        shuffle.observe(keyed)
 
     shuffle.send_all(last_offset)
     outputs.flush()

@@ -24,7 +24,6 @@ from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime import stateful
 from stream_assets.runtime.ports import Sender
-from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, encode_input
 from stream_assets.windows import SessionWindow, SlidingWindow, Time, TumblingWindow, Window
@@ -136,21 +135,20 @@ def test_wordcount_is_deterministic() -> None:
 
 
 def _lateness_reference(
-    events: list[tuple[str, int, int]], shuffle_queues: int, lateness_ms: int
+    events: list[tuple[str, int, int]], lateness_ms: int
 ) -> tuple[dict[tuple[str, int], int], list[tuple[str, int, int]]]:
-    """One record per batch from one source queue: a record is late when its window
-    ended at or before (max event time seen by its shuffle queue) - lateness."""
-    max_ts: dict[int, int] = {}
+    """One source queue: a record is late when its window ended at or before (max event
+    time of the records before it, whatever their keys) - lateness."""
+    progress: int | None = None
     sums: dict[tuple[str, int], int] = defaultdict(int)
     late: list[tuple[str, int, int]] = []
     for key, value, ts in events:
-        sq = queue_for_key(encode_key(key), shuffle_queues)
         start, end = _window_of(ts)
-        if sq in max_ts and end <= max_ts[sq] - lateness_ms:
+        if progress is not None and end <= progress - lateness_ms:
             late.append((key, value, end))
         else:
             sums[(key, start)] += value
-        max_ts[sq] = max(max_ts.get(sq, ts), ts)
+        progress = ts if progress is None else max(progress, ts)
     return dict(sums), late
 
 
@@ -162,7 +160,7 @@ def test_tumbling_sum_with_out_of_order_and_late_events(shuffle_queues: int) -> 
     for i in range(250):
         ts = i * 400 + rnd.randint(-7_000, 500)  # mostly forward, some far behind
         events.append((rnd.choice("abc"), rnd.randint(-50, 100), max(ts, 0)))
-    sums, late = _lateness_reference(events, shuffle_queues, lateness_ms)
+    sums, late = _lateness_reference(events, lateness_ms)
     # The input exercises every case: late events, and events out of order yet on time.
     assert late
     on_time_out_of_order = [
