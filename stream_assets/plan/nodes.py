@@ -114,6 +114,11 @@ class Stateful(Node):
     idle_timeout_ms: int
     late_topic: str | None
 
+    @property
+    def judges_lateness(self) -> bool:
+        """Whether a record can be late here (it falls in windows of event time)."""
+        return self.window is not None
+
     def windows_of(self, ts: int) -> list[Window | None]:
         """The windows a record at ``ts`` counts in (``[None]``: unwindowed)."""
         return list(self.window.assign(ts)) if self.window is not None else [None]
@@ -156,6 +161,11 @@ class TableJoin(Stateful):
 
     kind: str  # "inner" | "left"
     joiner: Callable[[Any, Any], Any]
+
+    @property
+    def judges_lateness(self) -> bool:
+        """Always: a record of either side is a point in event time."""
+        return True
 
     def windows_of(self, ts: int) -> list[Window | None]:
         """A record of either side is a point in time: ``[ts, ts + 1)``."""

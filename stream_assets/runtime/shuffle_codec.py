@@ -76,10 +76,11 @@ def records_body(src: int, packed: list[bytes], progress: int | None = None) -> 
 
 
 def encode_combined(
-    src: int, entries: list[list[Any]], end: tuple[int, int], records: int, progress: int
+    src: int, entries: list[list[Any]], end: tuple[int, int], records: int, progress: int | None
 ) -> bytes:
     """A pre-aggregated shuffle message ending at origin ``end``, standing for ``records``."""
-    return pack({"src": src, "comb": entries, "end": list(end), "n": records, "p": progress})
+    body = {"src": src, "comb": entries, "end": list(end), "n": records}
+    return pack(body if progress is None else {**body, "p": progress})
 
 
 def encode_mark(src: int, end: tuple[int, int], progress: int) -> bytes:

@@ -102,7 +102,10 @@ class ShuffleOut:
         #: The origin's progress: the highest event time it read in this batch so far
         #: (a keyed stage's outbox sets it; see observe).
         self.progress: int | None = None
+        self._record_progress: int | None = None  # the accepted record's, until observe
         self.per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
+        #: Shuffle topics whose stateful stage judges lateness: only they need progress.
+        self.timed_topics = frozenset(e.topic for e in self.exits if e.head.judges_lateness)
 
     def key(
         self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0
@@ -159,8 +162,11 @@ class ShuffleOut:
         carries that progress, and its shuffle queue's batch goes per record.
         """
         exit_ = self.exits[exit_index]
-        progress = self.progress
+        progress = self.progress if exit_.head.judges_lateness else None
+        top = self._record_progress
         for _key, _kb, target, _v, ts, packed in keyed:
+            if top is None or ts > top:
+                top = ts
             if progress is not None and exit_.head.late_by(ts, progress):
                 whole = packed if isinstance(packed, bytes) else pack_record(*packed)
                 packed = with_progress(whole, progress)
@@ -168,26 +174,28 @@ class ShuffleOut:
             self.per_record[(exit_.topic, target)].append((packed, offset))
             if self.combine:
                 self.combined_records[target] += 1
+        self._record_progress = top
 
-    def observe(self, keyed: list[list[Keyed]]) -> None:
-        """Count one record's elements (at every exit, after they were accepted) in the
+    def observe(self) -> None:
+        """Count the record whose elements were just accepted (at every exit) in the
         origin's progress: their event times (a select_timestamp's, if any)."""
-        for at_exit in keyed:
-            for _key, _kb, _target, _v, ts, _packed in at_exit:
-                if self.progress is None or ts > self.progress:
-                    self.progress = ts
+        top = self._record_progress
+        if top is not None and (self.progress is None or top > self.progress):
+            self.progress = top
+        self._record_progress = None
 
     def send_all(self, last_offset: int) -> None:
         """Send the batch: one message (or chunk) per exit and shuffle queue, the last
         to each queue with the origin's progress, a mark to a queue with nothing else."""
         progress = self.progress
-        combined_targets = set(self.combined) if self.combine and progress is not None else set()
+        timed = self.timed_topics
+        combined_targets = set(self.combined) if self.combine else set()
         sent: set[tuple[str, int]] = set()
         for target in sorted(combined_targets - self.per_record_only):
-            assert progress is not None
-            body = self._combined_body(target, last_offset, progress)
+            topic = self.exits[0].topic
+            told = progress if topic in timed else None
+            body = self._combined_body(target, last_offset, told)
             if body is not None:
-                topic = self.exits[0].topic
                 self._send(topic, target, body, last_offset)
                 self.stats.shuffle_records += len(self.combined[target])
                 sent.add((topic, target))
@@ -198,19 +206,19 @@ class ShuffleOut:
             self.stats.shuffle_records += len(entries)
             chunks = _chunks(_packed(entries), self.body_limit)
             for i, (chunk, last) in enumerate(chunks):
-                final = progress if i == len(chunks) - 1 else None
+                final = progress if i == len(chunks) - 1 and topic in timed else None
                 self._send(topic, target, records_body(self.src, chunk, final), last)
             sent.add((topic, target))
         if progress is None:
             return  # nothing read: no progress to tell
-        for topic in dict.fromkeys(e.topic for e in self.exits):
+        for topic in sorted(timed):
             for target in range(self.ctx.shuffle_queues):
                 if (topic, target) not in sent:
                     mark = encode_mark(self.src, (last_offset, _WHOLE_OFFSET), progress)
                     self._send(topic, target, mark, last_offset)
                     self.stats.progress_marks += 1
 
-    def _combined_body(self, target: int, last_offset: int, progress: int) -> bytes | None:
+    def _combined_body(self, target: int, last_offset: int, progress: int | None) -> bytes | None:
         try:
             body = encode_combined(
                 self.src,

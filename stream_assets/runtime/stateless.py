@@ -96,7 +96,7 @@ def run_source_batch(
         for i in exits:
             if keyed[i]:
                 shuffle.accept(i, keyed[i], offset)
-        shuffle.observe(keyed)
+        shuffle.observe()
 
     shuffle.send_all(last_offset)
     outputs.flush()
