@@ -309,19 +309,8 @@ def run_keyed_batch(
             # Windows fired by idleness stay closed: later records for them are late.
             closed_floor = _max_opt(closed_floor, fired_end)
     outbox = _emit(ctx, queue_id, meta.seq, sender, stats, agg, results, late)
-    # This queue's progress for the next shuffle: results to come are at or
-    # after the watermark that fired (a window's result happens at its end - 1).
-    fired_to = None if agg.window is None and not isinstance(agg, n.TableJoin) else watermark
-    fired_to = _max_opt(fired_to, closed_floor)
-    out_progress = _max_opt(
-        meta.extra.get("out_p"),
-        _max_opt(
-            None if fired_to is None else fired_to - 1, max((r[2] for r in results), default=None)
-        ),
-    )
-    send_outbox = bool(ctx.stage.exits) and (
-        bool(outbox) or out_progress != meta.extra.get("out_p")
-    )
+    out_progress = _out_progress(ctx, meta.extra.get("out_p"), watermark, closed_floor, results)
+    send_outbox = bool(outbox) or out_progress != meta.extra.get("out_p")
     if send_outbox:
         state.changes[_OUTBOX] = pack([meta.seq, outbox, out_progress])
         meta.extra["out_p"] = out_progress
@@ -349,6 +338,28 @@ def run_keyed_batch(
         if send_outbox:
             _send_outbox(ctx, queue_id, store, meta.seq, outbox, out_progress, sender, stats)
     return stats
+
+
+def _out_progress(
+    ctx: StageContext,
+    before: int | None,
+    watermark: int | None,
+    closed_floor: int | None,
+    results: list[Result],
+) -> int | None:
+    """This queue's progress for the next shuffle (None: no stage after it judges lateness).
+
+    The highest event time of its results so far, and at least the fired
+    watermark minus one: every result still to come is at or after it (a
+    window's result happens at its end - 1, a table join's at its record's time).
+    """
+    if not any(e.head.judges_lateness for e in ctx.stage.exits):
+        return None
+    head = ctx.stage.head
+    assert head is not None
+    fired_to = _max_opt(watermark if head.judges_lateness else None, closed_floor)
+    newest = max((ts for _origin, _value, ts, _key in results), default=None)
+    return _max_opt(before, _max_opt(newest, None if fired_to is None else fired_to - 1))
 
 
 def _changelog_writer(
