@@ -113,11 +113,13 @@ def session_counts(
 ) -> tuple[dict[tuple[Any, int, int], int], list[Event]]:
     """Session windows: ``{(key, start, end): records}`` and the late records.
 
-    A record is late when the session it merges into (with the key's records
-    accepted before it) had ended by its queue's progress minus the lateness.
-    Every record of a key must come from one source queue, as it does when
-    producers key messages by the session key: then the order the stateful
-    queue meets a key's records in is the input's.
+    A record's window is ``[ts, ts + gap)``. It is late when it touches a
+    session of its key that had closed by its queue's progress minus the
+    lateness (a closed session takes nothing more), or when it touches none
+    and its own window had closed; otherwise it merges with every session it
+    touches. Every record of a key must come from one source queue, as it
+    does when producers key messages by the session key: then the order the
+    stateful queue meets a key's records in is the input's.
     """
     owner: dict[Any, Hashable] = {}
     sessions: dict[Any, list[list[int]]] = defaultdict(list)  # key -> [[start, end, n]]
@@ -125,16 +127,17 @@ def session_counts(
     for queue, e, progress in with_progress(queues):
         if owner.setdefault(e["key"], queue) != queue:
             raise ValueError(f"key {e['key']!r} comes from two source queues")
-        start, end, n = e["ts"], e["ts"] + gap_ms, 1
-        kept = []
-        for s in sessions[e["key"]]:
-            if s[0] <= end and start <= s[1]:  # overlaps or touches: one session
-                start, end, n = min(start, s[0]), max(end, s[1]), n + s[2]
-            else:
-                kept.append(s)
-        if progress is not None and end <= progress - lateness_ms:
+        start, end = e["ts"], e["ts"] + gap_ms
+        closed_to = None if progress is None else progress - lateness_ms
+        touched = [s for s in sessions[e["key"]] if s[0] <= end and start <= s[1]]
+        judged = [s[1] for s in touched] or [end]
+        if closed_to is not None and min(judged) <= closed_to:
             late.append(e)
             continue
+        n = 1
+        for s in touched:
+            start, end, n = min(start, s[0]), max(end, s[1]), n + s[2]
+        kept = [s for s in sessions[e["key"]] if s not in touched]
         sessions[e["key"]] = [*kept, [start, end, n]]
     counts = {(k, s, e): n for k, found in sessions.items() for s, e, n in found}
     return counts, late

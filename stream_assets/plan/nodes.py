@@ -123,15 +123,18 @@ class Stateful(Node):
         """The windows a record at ``ts`` counts in (``[None]``: unwindowed)."""
         return list(self.window.assign(ts)) if self.window is not None else [None]
 
-    def late_by(self, ts: int, progress: int) -> bool:
-        """Whether a record at ``ts`` is late (in some window) once its source queue's
-        progress (max event time read before it) is ``progress``.
+    def may_be_late(self, ts: int, progress: int) -> bool:
+        """Whether a record at ``ts`` can be late once its source queue's progress (max
+        event time read before it) is ``progress``; False: surely on time.
 
-        For a session this is the record's own ``[ts, ts + gap)``: the session
-        it merges into ends no earlier, so a record this calls on time is on
-        time whatever it merges into.
+        Exact for fixed windows and points in time. A session's verdict also
+        depends on the sessions the record touches, each ending at or after
+        ``ts``: it can be late only when ``ts`` itself is at or behind the
+        closed line.
         """
         closed_to = progress - self.allowed_lateness_ms
+        if self.window is not None and self.window.is_merging:
+            return ts <= closed_to
         return any(w is not None and w.end <= closed_to for w in self.windows_of(ts))
 
 

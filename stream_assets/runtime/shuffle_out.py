@@ -167,7 +167,7 @@ class ShuffleOut:
         for _key, _kb, target, _v, ts, packed in keyed:
             if top is None or ts > top:
                 top = ts
-            if progress is not None and exit_.head.late_by(ts, progress):
+            if progress is not None and exit_.head.may_be_late(ts, progress):
                 whole = packed if isinstance(packed, bytes) else pack_record(*packed)
                 packed = with_progress(whole, progress)
                 self.per_record_only.add(target)

@@ -87,6 +87,7 @@ from stream_assets.windows import WatermarkTracker, Window, merge_sessions, wind
 _PLAIN = b"k"  # unwindowed: key -> acc
 _WINDOWED = b"w"  # end, start, key -> acc (ordered by end, so firing scans a prefix)
 _SESSION = b"s"  # key -> [[start, end, acc], ...]
+_FIRED = b"f"  # key -> end of its latest fired session
 _TABLE = b"t"  # key -> [[ts, value], ...]: a table's versions, oldest first
 _PENDING = b"p"  # ts, key, origin -> [key, value, ts]: stream records waiting for the watermark
 _OUTBOX = b"\x00outbox"  # [seq, [[exit, queue, packed entry], ...]]: results for the next shuffle
@@ -453,20 +454,32 @@ def read_key_state(
 
 
 def _judged(state: _BatchState, head: n.Stateful, key_bytes: bytes, window: Window) -> Window:
-    """The window a record's lateness is judged by: for a session, the one it merges into.
+    """The window a record's lateness is judged by: for a session, what it merges into.
 
     A record's own ``[t, t + gap)`` may end before the watermark while the
-    key's session it falls into is still open (other keys moved the
-    watermark): it is on time then. The stored sessions of a key neither
-    overlap nor touch, so one pass in start order finds everything it joins.
+    key's session it touches is still open (other keys moved the watermark):
+    it is on time then, and joins that session. A record that touches a
+    session which has closed is late, even if it would also bridge to an open
+    one: whether a closed session had fired yet depends on other source queues
+    and on batch boundaries, which must not change a verdict. So the judged
+    window is the earliest-ending session the record touches (closed if any
+    is), its own window if it touches none, and one ending at the key's
+    latest fired session when it reaches back to or before that session's end.
+    That end is kept per key (one integer) for as long as the key's state is:
+    a record can bridge back, gap by gap, through open sessions, so no
+    watermark makes it safe to forget.
     """
     if not (isinstance(head, n.Aggregate) and head.window is not None and head.window.is_merging):
         return window
-    start, end = window.start, window.end
-    for s, e, _acc in sorted(state.get(_SESSION + key_bytes) or [], key=lambda se: se[0]):
-        if s <= end and start <= e:  # overlaps or touches: merges (merge_sessions)
-            start, end = min(start, s), max(end, e)
-    return Window(start, end)
+    fired = state.get(_FIRED + key_bytes)
+    if fired is not None and window.start <= fired:
+        return Window(window.start, fired)  # ends at or before the watermark: closed
+    touched = [
+        Window(s, e)
+        for s, e, _acc in state.get(_SESSION + key_bytes) or []
+        if s <= window.end and window.start <= e  # overlaps or touches (merge_sessions)
+    ]
+    return min(touched, key=lambda w: w.end) if touched else window
 
 
 def _fold_session(
@@ -534,6 +547,8 @@ def _fire(
             for s, e, acc in sessions:
                 if due(Window(s, e)):
                     collect(skey[1:], Window(s, e), acc)
+                    fired_key = _FIRED + skey[1:]
+                    state.put(fired_key, max(e, state.get(fired_key) or e))
                 else:
                     keep.append([s, e, acc])
             if len(keep) != len(sessions):

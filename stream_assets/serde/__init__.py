@@ -3,6 +3,12 @@
 A deserializer takes the message body (bytes) and returns the record value; a
 serializer takes a value and returns bytes. Plain callables work too.
 
+Schema-bound formats, each a small picklable object made from its schema:
+Avro (:func:`avro_deserializer`, :func:`avro_serializer`, in
+:mod:`stream_assets.serde.avro`) and Protobuf (:func:`protobuf_deserializer`,
+:func:`protobuf_serializer`, in :mod:`stream_assets.serde.protobuf`). Their
+libraries load on first use, so importing this package stays cheap.
+
 Example::
 
     >>> json_deserializer(b'{"k": "a", "v": 1}')
@@ -13,12 +19,80 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stream_assets.serde.avro import (
+        AvroDeserializer,
+        AvroSerializer,
+        avro_deserializer,
+        avro_serializer,
+    )
+    from stream_assets.serde.errors import DecodeError, EncodeError, SchemaError, SerdeError
+    from stream_assets.serde.protobuf import (
+        ProtobufDeserializer,
+        ProtobufSerializer,
+        protobuf_deserializer,
+        protobuf_serializer,
+    )
 
 Deserializer = Callable[[bytes], Any]
 Serializer = Callable[[Any], bytes]
+
+# Exported name -> submodule, imported on first access (PEP 562): fastavro and
+# protobuf together cost tens of milliseconds that JSON-only topologies skip.
+_LAZY = {
+    "AvroDeserializer": "avro",
+    "AvroSerializer": "avro",
+    "avro_deserializer": "avro",
+    "avro_serializer": "avro",
+    "ProtobufDeserializer": "protobuf",
+    "ProtobufSerializer": "protobuf",
+    "protobuf_deserializer": "protobuf",
+    "protobuf_serializer": "protobuf",
+    "SerdeError": "errors",
+    "SchemaError": "errors",
+    "DecodeError": "errors",
+    "EncodeError": "errors",
+}
+
+__all__ = [
+    "AvroDeserializer",
+    "AvroSerializer",
+    "DecodeError",
+    "Deserializer",
+    "EncodeError",
+    "ProtobufDeserializer",
+    "ProtobufSerializer",
+    "SchemaError",
+    "SerdeError",
+    "Serializer",
+    "avro_deserializer",
+    "avro_serializer",
+    "bytes_deserializer",
+    "json_deserializer",
+    "json_serializer",
+    "protobuf_deserializer",
+    "protobuf_serializer",
+    "text_deserializer",
+    "text_serializer",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def text_deserializer(body: bytes) -> str:

@@ -22,6 +22,7 @@ import re
 import sys
 import textwrap
 import uuid
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,16 @@ import pytest
 
 from stream_assets.examples import ad_join, word_histogram, wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
+from tests.event_time_reference import Queues, window_join
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import (
+    BackgroundProducer,
     Message,
     final_counts,
     produce,
@@ -362,10 +367,13 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
                 source,
                 {q: [json.dumps(e).encode() for e in evs] for q, evs in per_queue.items()},
             )
+
             # The wave's last windows fire when both source queues are idle by offsets.
-            expected_now = len(reference)
+            def wave_fired(n: int = len(reference)) -> bool:
+                return len(_windows(admin, sink)) >= n
+
             wait_until(
-                lambda n=expected_now: len(_windows(admin, sink)) >= n,
+                wave_fired,
                 CATCH_UP_S,
                 f"the windows of wave {wave}",
                 poll_s=1.0,
@@ -445,7 +453,8 @@ def ad_join_case(
     expected: collections.Counter[tuple[Any, ...]] = collections.Counter()
     for imp in (i for q in impressions.values() for i in q):
         matches = clicks_at.get((imp["ad"], imp["user"], imp["ts"] - imp["ts"] % window_ms), [])
-        for at in matches or [None]:
+        unmatched: list[int | None] = [None]
+        for at in matches or unmatched:
             expected[(imp["ad"], imp["user"], imp["ts"], at)] += 1
     return impressions, clicks, expected
 
@@ -537,6 +546,65 @@ def test_a_second_key_by_stage_on_two_workers_with_a_worker_killed_counts_exactl
     _report_state_costs(report, "word histogram (two keyed stages)", metrics["2"], voids)
 
 
+HOUR_MS = 3_600_000
+JOIN_LATENESS_MS = 5_000  # ad_join's water_mark
+SHUFFLE_QUEUES = 4  # _spec's
+
+
+def _ad_route(event: dict[str, Any]) -> int:
+    """The shuffle queue of an ad-join event (ad_join keys by ``[ad, user]``)."""
+    return queue_for_key(encode_key([event["ad"], event["user"]]), SHUFFLE_QUEUES)
+
+
+def _with_hour_late(
+    rnd: random.Random, per_queue: dict[int, list[dict[str, Any]]], side: str
+) -> None:
+    """Ids for the reference, and hour-late events among the on-time ones: about one in
+    ten, and each queue's second, with an (ad, user) whose shuffle queue the queue's
+    first event did not go to, so only a progress mark tells that stateful queue."""
+    pairs = sorted({(e["ad"], e["user"]) for events in per_queue.values() for e in events})
+    for q, events in per_queue.items():
+        for i, e in enumerate(events):
+            e["id"] = f"{side}{q}.{i}"
+            if i == 1:
+                e["ad"], e["user"] = rnd.choice(
+                    [
+                        (ad, user)
+                        for ad, user in pairs
+                        if _ad_route({"ad": ad, "user": user}) != _ad_route(events[0])
+                    ]
+                )
+                e["ts"] -= HOUR_MS
+            elif i > 1 and rnd.random() < 0.1:
+                e["ts"] -= HOUR_MS + rnd.randint(0, 30_000)
+
+
+def _stored_ad_events(admin: RocketMQAdmin, topic: str) -> Queues:
+    """A topic's events per queue in offset order (the order the engine read), keyed
+    by (ad, user) for the reference."""
+    per_queue: dict[int, list[tuple[int, dict[str, Any]]]] = collections.defaultdict(list)
+    for r in read_topic(admin, topic):
+        event = json.loads(r.body)
+        event["key"] = (event["ad"], event["user"])
+        per_queue[r.queue_id].append((r.queue_offset, event))
+    out: dict[Hashable, list[dict[str, Any]]] = {
+        q: [e for _, e in sorted(rows, key=lambda x: x[0])] for q, rows in per_queue.items()
+    }
+    return out
+
+
+def _unseen_route_lates(queues: Queues, late: list[dict[str, Any]]) -> int:
+    """Late events whose queue sent nothing before them to their key's shuffle queue."""
+    late_ids = {id(e) for e in late}
+    count = 0
+    for events in queues.values():
+        reached: set[int] = set()
+        for e in events:
+            count += id(e) in late_ids and _ad_route(e) not in reached
+            reached.add(_ad_route(e))
+    return count
+
+
 def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
     spark_cluster: SparkCluster,  # noqa: F811
     admin: RocketMQAdmin,
@@ -544,13 +612,18 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
     tmp_path: Path,
     report: Any,
 ) -> None:
+    """With hour-late events: each is late by its own source queue's progress (issue 18),
+    whichever executor holds the stateful queue its key goes to."""
     job = unique("it-cjoin")
     shown, clicked, sink = f"{job}-imp", f"{job}-clk", f"{job}-out"
     for topic in (shown, clicked):
         admin.create_topic(topic, 2)
     settings = _driver_settings(client_settings)
     window = 10_000
-    impressions, clicks, expected = ad_join_case(53, queues=2, window_ms=window)
+    impressions, clicks, _without_late = ad_join_case(53, queues=2, window_ms=window)
+    rnd = random.Random(59)
+    _with_hour_late(rnd, impressions, "i")
+    _with_hour_late(rnd, clicks, "c")
     spec = _spec(
         spark_cluster,
         settings,
@@ -561,6 +634,7 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
             "clicks": clicked,
             "sink": sink,
             "window_s": window // 1000,
+            "lateness_s": JOIN_LATENESS_MS / 1000,
             "idle_timeout_s": 3,
         },
     )
@@ -570,12 +644,36 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
 
     with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
         driver.wait_started(240)
-        for topic, per_queue in ((shown, impressions), (clicked, clicks)):
-            produce_per_queue(
+        # Both topics at once, one producer per queue (each queue's order is as generated):
+        # a topic still silent when the other's windows are due would be idle and left out.
+        producers = [
+            BackgroundProducer(
                 settings,
                 topic,
-                {q: [json.dumps(e).encode() for e in evs] for q, evs in per_queue.items()},
+                [Message(json.dumps(e).encode(), queue_id=q) for e in events],
+                threads=1,
+            ).start()
+            for topic, per_queue in ((shown, impressions), (clicked, clicks))
+            for q, events in per_queue.items()
+        ]
+        for producer in producers:
+            producer.join()
+        stored = {topic: _stored_ad_events(admin, topic) for topic in (shown, clicked)}
+        pairs, late = window_join(stored[shown], stored[clicked], window, JOIN_LATENESS_MS, "left")
+        by_id = {e["id"]: e for q in stored.values() for evs in q.values() for e in evs}
+        expected = collections.Counter(
+            (
+                by_id[i]["ad"],
+                by_id[i]["user"],
+                by_id[i]["ts"],
+                None if c is None else by_id[c]["ts"],
             )
+            for i, c in pairs
+        )
+        assert {e["id"][0] for e in late} == {"i", "c"}, "late events on both sides"
+        unseen = _unseen_route_lates(stored[shown], late)
+        unseen += _unseen_route_lates(stored[clicked], late)
+        assert unseen > 0
         wait_until(
             lambda: sum(joined().values()) >= sum(expected.values()),
             CATCH_UP_S,
@@ -586,7 +684,8 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
         metrics = driver.stop(180)["metrics"]
 
     assert joined() == expected
-    assert metrics["2"]["totals"]["late"] == 0
+    assert metrics["2"]["totals"]["late"] == len(late)
     (state_topic,) = ad_join.build(job, shown, clicked, sink).state_topics
     voids = _assert_one_history_per_queue(admin, state_topic)
     _report_state_costs(report, "ad join (two topics)", metrics["2"], voids)
+    report(f"ad join: {len(by_id)} events, {len(late)} late ({unseen} by unseen routes)")

@@ -31,6 +31,7 @@ from tests.event_time_reference import (
     table_join,
     tumbling_end,
     window_join,
+    with_progress,
 )
 
 BASE = 1_700_000_000_000  # window-aligned
@@ -214,14 +215,35 @@ def test_sessions_judge_a_record_by_its_queue_and_the_session_it_joins(
     gap = 4_000
     queues: dict[int, list[Event]] = {q: [] for q in range(SOURCE_QUEUES)}
     users = [f"u{i}" for i in range(12)]
+    progress: dict[int, int] = {}
+    newest: dict[str, int] = {}
     for i in range(240):
         user = rnd.choice(users)
+        q = int(user[1:]) % SOURCE_QUEUES
         ts = BASE + HOUR + i * 500 + rnd.randint(-1_000, 0)
-        if rnd.random() < 0.1:
+        closed_to = progress[q] - LATENESS if q in progress else None
+        last = newest.get(user)
+        roll = rnd.random()
+        if closed_to is not None and roll < 0.1:
             ts -= HOUR
-        queues[int(user[1:]) % SOURCE_QUEUES].append({"key": user, "id": f"e{i}", "ts": ts})
+        elif closed_to is not None and roll < 0.25:
+            # Behind by more than the lateness, less than lateness + gap: such a
+            # click may touch a session that closed (and fired, or not yet).
+            ts = closed_to - rnd.randint(0, gap)
+        elif last is not None and closed_to is not None and 0 <= closed_to - last - gap < gap:
+            ts = last + gap - 500  # touches the user's just-closed session, own window open
+        progress[q] = max(progress.get(q, ts), ts)
+        newest[user] = max(newest.get(user, ts), ts)
+        queues[q].append({"key": user, "id": f"e{i}", "ts": ts})
     counts, late = session_counts(queues, gap, LATENESS)
     assert late and any(n >= 3 for n in counts.values())
+    # Late only because the session they touch had closed: their own window had not.
+    late_ids = {e["id"] for e in late}
+    assert any(
+        e["id"] in late_ids and e["ts"] + gap > p - LATENESS
+        for _q, e, p in with_progress(queues)
+        if p is not None
+    )
 
     b = StreamBuilder("sessions")
     (
@@ -241,6 +263,39 @@ def test_sessions_judge_a_record_by_its_queue_and_the_session_it_joins(
     assert len(outputs) == len(counts) and got == Counter(counts)
     assert late_ids == sorted(e["id"] for e in late)
     assert late_count == len(late)
+
+
+def test_a_click_touching_a_closed_session_is_late_whether_or_not_it_fired() -> None:
+    """Whether the closed session fired before the click came (a batch boundary between
+    them) must not matter: the click is late both ways, never a second session."""
+    gap = 4_000
+    events = [
+        {"key": "a", "id": "1", "ts": BASE},
+        {"key": "b", "id": "2", "ts": BASE + 6_000},  # closes a's [0, 4 s) by 2 s lateness
+        {"key": "a", "id": "3", "ts": BASE + 3_000},  # own window open, a's session closed
+    ]
+    counts, late = session_counts({0: events}, gap, LATENESS)
+    b = StreamBuilder("closed-session")
+    (
+        b.source("clicks", json_deserializer)
+        .select_timestamp("ts")
+        .key_by("key")
+        .window(SessionWindow.with_gap(Time.milliseconds(gap)))
+        .count("n")
+        .water_mark(LATENESS / 1000)
+        .late_records_to("late")
+        .to_rstream()
+        .sink("out")
+    )
+    for boundary in (None, 2):  # one batch; or a's session fires before the click
+        with TopologyTestDriver(b.build(), source_queues=1, shuffle_queues=1) as driver:
+            for i, e in enumerate(events):
+                if i == boundary:
+                    driver.advance()
+                driver.pipe(e, queue=0, event_time=e["ts"])
+            driver.advance_idle()
+            got = {(o["key"], o["window_start"], o["window_end"]): o["n"] for o in driver.outputs()}
+            assert got == counts and _late_ids(driver) == [e["id"] for e in late] == ["3"]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
