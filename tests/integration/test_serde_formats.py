@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import collections
 import io
-import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -34,77 +32,19 @@ from stream_assets.serde import (
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import Message, produce, read_topic, unique
 from tests.integration.conftest import EngineHarness
+from tests.serde_samples import (
+    CLICK_V1,
+    CLICK_V2,
+    USER_TOTALS,
+    Click,
+    UserCount,
+    avro_bytes,
+    sample_clicks,
+)
 
 pytestmark = pytest.mark.integration
 
 CATCH_UP_S = 240.0
-_USERS = ["ann", "bob", "cy", "dé", "eve", "fay"]
-
-CLICK_V1: dict[str, Any] = {
-    "type": "record",
-    "name": "shop.Click",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "page", "type": "string"},
-        {"name": "dwell", "type": "int"},
-    ],
-}
-# What the topology reads with: page dropped, dwell widened, country added.
-CLICK_V2: dict[str, Any] = {
-    "type": "record",
-    "name": "shop.Click",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "dwell", "type": "long"},
-        {"name": "country", "type": "string", "default": "zz"},
-    ],
-}
-USER_TOTALS: dict[str, Any] = {
-    "type": "record",
-    "name": "shop.UserTotal",
-    "fields": [
-        {"name": "key", "type": "string"},
-        {"name": "total", "type": "long"},
-        {"name": "n", "type": "long"},
-    ],
-}
-
-
-def _proto_classes() -> tuple[type[Any], type[Any]]:
-    """satest.Click and satest.UserCount, built from a FileDescriptorProto (nothing generated)."""
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="stream_assets_it/clicks.proto", package="satest", syntax="proto3"
-    )
-    click = proto.message_type.add(name="Click")
-    click.field.add(name="user", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    click.field.add(name="dwell", number=2, type=field.TYPE_INT32, label=field.LABEL_OPTIONAL)
-    count = proto.message_type.add(name="UserCount")
-    count.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    count.field.add(name="count", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("satest.Click")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("satest.UserCount")),
-    )
-
-
-Click, UserCount = _proto_classes()
-
-
-def _clicks(seed: int, n: int) -> list[dict[str, Any]]:
-    rnd = random.Random(seed)
-    return [
-        {"user": rnd.choice(_USERS), "page": f"/p/{rnd.randrange(9)}", "dwell": rnd.randrange(500)}
-        for _ in range(n)
-    ]
-
-
-def _avro_bytes(schema: dict[str, Any], value: Any) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
-    return out.getvalue()
 
 
 def _current(records: Sequence[Record], decode: Callable[[bytes], Any]) -> dict[Any, Any]:
@@ -145,8 +85,8 @@ def _run(
 def test_avro_with_a_reader_schema_round_trips_on_spark(
     engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
 ) -> None:
-    clicks = _clicks(31, 300)
-    bodies = [_avro_bytes(CLICK_V1, c) for c in clicks]
+    clicks = sample_clicks(31, 300)
+    bodies = [avro_bytes(CLICK_V1, c) for c in clicks]
     bad_at = 150
     bad = bodies[bad_at][:-1]  # the last varint cut short
     bodies[bad_at] = bad
@@ -180,7 +120,7 @@ def test_avro_with_a_reader_schema_round_trips_on_spark(
 def test_protobuf_built_at_run_time_round_trips_on_spark(
     engine: EngineHarness, admin: RocketMQAdmin, client_settings: RocketMQSettings, tmp_path: Path
 ) -> None:
-    clicks = [{"user": c["user"], "dwell": c["dwell"]} for c in _clicks(37, 300)]
+    clicks = [{"user": c["user"], "dwell": c["dwell"]} for c in sample_clicks(37, 300)]
     bodies = [Click(**c).SerializeToString() for c in clicks]
     bad_at = 120
     bad = Click(user="a-long-user-name", dwell=1).SerializeToString()[:5]  # inside the string

@@ -12,7 +12,6 @@ so descriptor dependencies travel when a serde is pickled.
 
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import random
@@ -23,7 +22,6 @@ from typing import Any
 
 import fastavro
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 from google.protobuf.api_pb2 import Mixin
 from pyspark import cloudpickle
 
@@ -41,97 +39,17 @@ from stream_assets.serde import (
     protobuf_serializer,
 )
 from stream_assets.testing import TopologyTestDriver
-
-CLICK_V1: dict[str, Any] = {
-    "type": "record",
-    "name": "Click",
-    "namespace": "shop",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "page", "type": "string"},
-        {"name": "dwell", "type": "int"},
-    ],
-}
-# v2 drops page, widens dwell to long and adds country with a default.
-CLICK_V2: dict[str, Any] = {
-    "type": "record",
-    "name": "Click",
-    "namespace": "shop",
-    "fields": [
-        {"name": "user", "type": "string"},
-        {"name": "dwell", "type": "long"},
-        {"name": "country", "type": "string", "default": "zz"},
-    ],
-}
-USER_TOTALS: dict[str, Any] = {
-    "type": "record",
-    "name": "shop.UserTotal",
-    "fields": [
-        {"name": "key", "type": "string"},
-        {"name": "total", "type": "long"},
-        {"name": "n", "type": "long"},
-    ],
-}
-_USERS = ["ann", "bob", "cy", "dé", "eve"]
-
-
-def _proto_classes() -> tuple[type[Any], type[Any]]:
-    """satest.Click and satest.UserCount, built from descriptors in a private pool."""
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="stream_assets_tests/clicks.proto",
-        package="satest",
-        syntax="proto3",
-        dependency=["google/protobuf/timestamp.proto"],
-    )
-    click = proto.message_type.add(name="Click")
-    for number, (name, kind) in enumerate(
-        [("user", field.TYPE_STRING), ("page", field.TYPE_STRING), ("dwell", field.TYPE_INT32)],
-        start=1,
-    ):
-        click.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
-    click.field.add(
-        name="at",
-        number=4,
-        type=field.TYPE_MESSAGE,
-        type_name=".google.protobuf.Timestamp",
-        label=field.LABEL_OPTIONAL,
-    )
-    count = proto.message_type.add(name="UserCount")
-    count.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
-    count.field.add(name="count", number=2, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(proto)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("satest.Click")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("satest.UserCount")),
-    )
-
-
-Click, UserCount = _proto_classes()
-
-
-def _clicks(seed: int, n: int) -> list[dict[str, Any]]:
-    rnd = random.Random(seed)
-    return [
-        {
-            "user": rnd.choice(_USERS),
-            "page": f"/p/{rnd.randrange(9)}",
-            "dwell": rnd.randrange(1, 500),
-        }
-        for _ in range(n)
-    ]
-
-
-def _avro_bytes(schema: Any, value: Any) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
-    return out.getvalue()
-
-
-def _avro_value(schema: dict[str, Any], body: bytes) -> Any:
-    return fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(schema), None)
+from tests.serde_samples import (
+    CLICK_V1,
+    CLICK_V2,
+    USER_TOTALS,
+    USERS,
+    Click,
+    UserCount,
+    avro_bytes,
+    avro_value,
+    sample_clicks,
+)
 
 
 def _latest_by_key(outputs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -153,7 +71,7 @@ def _totals(clicks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("single_object", [False, True])
 def test_avro_in_aggregate_avro_out(single_object: bool) -> None:
-    clicks = _clicks(1, 300)
+    clicks = sample_clicks(1, 300)
     canonical = fastavro.schema.to_parsing_canonical_form(fastavro.parse_schema(CLICK_V1))
     header = b"\xc3\x01" + bytes.fromhex(fastavro.schema.fingerprint(canonical, "CRC-64-AVRO"))
     b = StreamBuilder("avro-totals")
@@ -167,32 +85,32 @@ def test_avro_in_aggregate_avro_out(single_object: bool) -> None:
     )
     with TopologyTestDriver(b.build(), source_queues=3, max_records_per_batch=40) as driver:
         for click in clicks:
-            body = _avro_bytes(CLICK_V1, click)
+            body = avro_bytes(CLICK_V1, click)
             driver.pipe(header + body if single_object else body)
         driver.advance()
         assert driver.dead_letters() == []
-        outputs = driver.outputs(decode=lambda body: _avro_value(USER_TOTALS, body))
+        outputs = driver.outputs(decode=lambda body: avro_value(USER_TOTALS, body))
         assert _latest_by_key(outputs) == _totals(clicks)
 
 
 def test_avro_old_records_are_read_in_the_reader_schema_shape() -> None:
-    clicks = _clicks(2, 200)
+    clicks = sample_clicks(2, 200)
     b = StreamBuilder("avro-evolve")
     b.source("clicks", avro_deserializer(CLICK_V1, reader_schema=CLICK_V2)).sink("out")
     with TopologyTestDriver(b.build(), source_queues=2) as driver:
-        driver.pipe_many([_avro_bytes(CLICK_V1, c) for c in clicks])
+        driver.pipe_many([avro_bytes(CLICK_V1, c) for c in clicks])
         driver.advance()
         expected = [{"user": c["user"], "dwell": c["dwell"], "country": "zz"} for c in clicks]
         assert sorted(driver.outputs(), key=json.dumps) == sorted(expected, key=json.dumps)
 
 
 def test_an_undecodable_avro_body_is_one_dead_letter_naming_the_schema() -> None:
-    clicks = _clicks(3, 120)
+    clicks = sample_clicks(3, 120)
     bad_at = 57
-    good = _avro_bytes(CLICK_V1, clicks[bad_at])
+    good = avro_bytes(CLICK_V1, clicks[bad_at])
     bad = good[:-1]  # the last varint cut: the datum ends early
     with pytest.raises((EOFError, IndexError)):
-        _avro_value(CLICK_V1, bad)  # the reference: fastavro itself cannot read it
+        avro_value(CLICK_V1, bad)  # the reference: fastavro itself cannot read it
     b = StreamBuilder("avro-bad")
     (
         b.source("clicks", avro_deserializer(CLICK_V1))
@@ -205,7 +123,7 @@ def test_an_undecodable_avro_body_is_one_dead_letter_naming_the_schema() -> None
     topology = b.build()
     with TopologyTestDriver(topology, source_queues=1) as driver:
         for i, click in enumerate(clicks):
-            driver.pipe(bad if i == bad_at else _avro_bytes(CLICK_V1, click))
+            driver.pipe(bad if i == bad_at else avro_bytes(CLICK_V1, click))
         driver.advance()
         [(body, props)] = driver.dead_letters()
         assert body == bad
@@ -213,12 +131,12 @@ def test_an_undecodable_avro_body_is_one_dead_letter_naming_the_schema() -> None
         assert props["source_offset"] == str(bad_at)
         assert props["reason"].startswith("DecodeError: Avro shop.Click: ")
         assert "ends inside the datum" in props["reason"]
-        outputs = driver.outputs(decode=lambda body: _avro_value(USER_TOTALS, body))
+        outputs = driver.outputs(decode=lambda body: avro_value(USER_TOTALS, body))
         assert _latest_by_key(outputs) == _totals(clicks[:bad_at] + clicks[bad_at + 1 :])
 
 
 def test_a_value_the_avro_sink_cannot_encode_is_one_dead_letter_naming_the_field() -> None:
-    values = [{"user": u, "page": "/", "dwell": i} for i, u in enumerate(_USERS * 4)]
+    values = [{"user": u, "page": "/", "dwell": i} for i, u in enumerate(USERS * 4)]
     values[6]["dwell"] = "six"
     b = StreamBuilder("avro-sink")
     b.source("in", json_deserializer).sink("out", serializer=avro_serializer(CLICK_V1))
@@ -231,7 +149,7 @@ def test_a_value_the_avro_sink_cannot_encode_is_one_dead_letter_naming_the_field
         assert props["operator"] == topology.stages[0].ops[-1].op_id
         assert props["reason"].startswith("EncodeError: Avro shop.Click: ")
         assert "shop.Click.dwell is 'six' (str)" in props["reason"]
-        outputs = driver.outputs(decode=lambda body: _avro_value(CLICK_V1, body))
+        outputs = driver.outputs(decode=lambda body: avro_value(CLICK_V1, body))
         assert outputs == values[:6] + values[7:]
 
 
@@ -242,8 +160,8 @@ def test_an_avro_table_joins_a_stream() -> None:
         "fields": [{"name": "id", "type": "string"}, {"name": "tier", "type": "string"}],
     }
     rnd = random.Random(4)
-    updates = [{"id": rnd.choice(_USERS[:4]), "tier": rnd.choice("abc")} for _ in range(30)]
-    clicks = _clicks(5, 80)
+    updates = [{"id": rnd.choice(USERS[:4]), "tier": rnd.choice("abc")} for _ in range(30)]
+    clicks = sample_clicks(5, 80)
     b = StreamBuilder("avro-table")
     table = b.table("users", avro_deserializer(users), key="id")
     (
@@ -260,7 +178,7 @@ def test_an_avro_table_joins_a_stream() -> None:
     latest = {u["id"]: u["tier"] for u in updates}
     with TopologyTestDriver(b.build(), source_queues=1) as driver:
         for i, u in enumerate(updates):
-            driver.pipe(_avro_bytes(users, u), topic="users", event_time=i + 1)
+            driver.pipe(avro_bytes(users, u), topic="users", event_time=i + 1)
         driver.advance()
         driver.pipe_many(clicks, topic="clicks", event_time=1_000)
         driver.advance_idle()  # a joined value waits for the watermark to pass it
@@ -278,7 +196,7 @@ def test_avro_single_object_header_is_the_spec_fingerprint() -> None:
     assert avro_serializer("null", single_object=True)(None) == b"\xc3\x01" + fingerprint
     body = avro_serializer(CLICK_V1, single_object=True)({"user": "a", "page": "/", "dwell": 1})
     assert body[:2] == b"\xc3\x01"
-    assert _avro_value(CLICK_V1, body[10:]) == {"user": "a", "page": "/", "dwell": 1}
+    assert avro_value(CLICK_V1, body[10:]) == {"user": "a", "page": "/", "dwell": 1}
     read = avro_deserializer(CLICK_V1, single_object=True)
     with pytest.raises(DecodeError, match="no single-object header"):
         read(body[10:])
@@ -288,7 +206,7 @@ def test_avro_single_object_header_is_the_spec_fingerprint() -> None:
 
 
 def test_avro_trailing_bytes_and_wrong_types_are_decode_errors() -> None:
-    body = _avro_bytes(CLICK_V1, {"user": "a", "page": "/", "dwell": 1})
+    body = avro_bytes(CLICK_V1, {"user": "a", "page": "/", "dwell": 1})
     read = avro_deserializer(CLICK_V1)
     with pytest.raises(DecodeError, match=r"Avro shop\.Click: 2 of \d+ bytes left over"):
         read(body + b"\x00\x00")
@@ -304,7 +222,7 @@ def test_recursive_avro_schemas_fail_deep_bodies_without_crashing() -> None:
         "fields": [{"name": "next", "type": ["null", "Node"], "default": None}],
     }
     read = avro_deserializer(node)
-    assert read(_avro_bytes(node, {"next": {"next": None}})) == {"next": {"next": None}}
+    assert read(avro_bytes(node, {"next": {"next": None}})) == {"next": {"next": None}}
     # Union branch 1 (zigzag 2) nested 100,000 deep: fastavro's compiled reader
     # would overflow the C stack and kill the process.
     with pytest.raises(DecodeError, match="deeper than the recursion limit"):
@@ -335,7 +253,7 @@ def test_a_reader_schema_that_cannot_read_the_writer_fails_at_construction(
 
 def test_renamed_records_resolve_through_aliases() -> None:
     tap = {**CLICK_V2, "name": "Tap", "aliases": ["Click"]}
-    body = _avro_bytes(CLICK_V1, {"user": "a", "page": "/", "dwell": 3})
+    body = avro_bytes(CLICK_V1, {"user": "a", "page": "/", "dwell": 3})
     assert avro_deserializer(CLICK_V1, tap)(body) == {"user": "a", "dwell": 3, "country": "zz"}
 
 
@@ -371,14 +289,14 @@ def test_an_invalid_avro_schema_fails_at_construction(schema: Any, message: str)
 def test_avro_schema_as_json_text_and_a_primitive() -> None:
     assert avro_deserializer(json.dumps(CLICK_V1)).name == "shop.Click"
     assert avro_deserializer("long")(avro_serializer("long")(-3)) == -3
-    assert avro_serializer(["null", "string"])("x") == _avro_bytes(["null", "string"], "x")
+    assert avro_serializer(["null", "string"])("x") == avro_bytes(["null", "string"], "x")
 
 
 # -- Protobuf through a topology -----------------------------------------------
 
 
 def test_protobuf_in_count_protobuf_out() -> None:
-    clicks = _clicks(6, 300)
+    clicks = sample_clicks(6, 300)
     b = StreamBuilder("pb-counts")
     (
         b.source("clicks", protobuf_deserializer(Click, as_dict=True))
@@ -400,7 +318,7 @@ def test_protobuf_in_count_protobuf_out() -> None:
 
 
 def test_protobuf_messages_in_avro_out() -> None:
-    clicks = _clicks(7, 100)
+    clicks = sample_clicks(7, 100)
     b = StreamBuilder("pb-avro")
     (
         b.source("clicks", protobuf_deserializer(Click))
@@ -412,12 +330,12 @@ def test_protobuf_messages_in_avro_out() -> None:
         for c in clicks:
             driver.pipe(Click(**c).SerializeToString())
         driver.advance()
-        outputs = driver.outputs(decode=lambda body: _avro_value(CLICK_V1, body))
+        outputs = driver.outputs(decode=lambda body: avro_value(CLICK_V1, body))
         assert outputs == [{**c, "dwell": c["dwell"] * 10} for c in clicks if c["dwell"] % 2 == 0]
 
 
 def test_an_undecodable_protobuf_body_is_one_dead_letter_naming_the_message() -> None:
-    clicks = _clicks(8, 90)
+    clicks = sample_clicks(8, 90)
     bad_at = 31
     bad = Click(**clicks[bad_at]).SerializeToString()[:-1]  # the page or user string cut short
     with pytest.raises(Exception, match=r"satest\.Click"):
@@ -495,7 +413,7 @@ def test_protobuf_serdes_take_a_message_class(given: Any) -> None:
 
 def test_every_serde_survives_cloudpickle_and_still_works() -> None:
     click = {"user": "ann", "page": "/x", "dwell": 7}
-    avro_body = _avro_bytes(CLICK_V1, click)
+    avro_body = avro_bytes(CLICK_V1, click)
     pb_body = Click(**click).SerializeToString()
     serdes: list[tuple[Any, Any, Any]] = [
         (
@@ -520,7 +438,7 @@ def test_every_serde_survives_cloudpickle_and_still_works() -> None:
 
 
 def test_a_topology_runs_the_same_after_a_cloudpickle_round_trip() -> None:
-    clicks = _clicks(9, 60)
+    clicks = sample_clicks(9, 60)
     b = StreamBuilder("pickled")
     (
         b.source("clicks", avro_deserializer(CLICK_V1))
@@ -528,7 +446,7 @@ def test_a_topology_runs_the_same_after_a_cloudpickle_round_trip() -> None:
         .sink("out", serializer=protobuf_serializer(Click))
     )
     topology = b.build()
-    bodies = [_avro_bytes(CLICK_V1, c) for c in clicks]
+    bodies = [avro_bytes(CLICK_V1, c) for c in clicks]
     runs = []
     for t in (topology, cloudpickle.loads(cloudpickle.dumps(topology))):
         with TopologyTestDriver(t, source_queues=1) as driver:

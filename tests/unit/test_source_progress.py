@@ -108,6 +108,24 @@ def _rounds(
     return feed
 
 
+def _windowed_count(job: str, source: str, window: Any) -> Topology:
+    """``count("n")`` per key and window of the JSON events of ``source`` (event time
+    ``ts``), 2 s lateness, late records to ``late``, results to ``out``."""
+    b = StreamBuilder(job)
+    (
+        b.source(source, json_deserializer)
+        .select_timestamp("ts")
+        .key_by("key")
+        .window(window)
+        .count("n")
+        .water_mark(LATENESS / 1000)
+        .late_records_to("late")
+        .to_rstream()
+        .sink("out")
+    )
+    return b.build()
+
+
 def _join_topology(kind: str) -> Topology:
     b = StreamBuilder(f"pay-{kind}")
     orders = b.source("orders", json_deserializer).select_timestamp("ts")
@@ -245,20 +263,9 @@ def test_sessions_judge_a_record_by_its_queue_and_the_session_it_joins(
         if p is not None
     )
 
-    b = StreamBuilder("sessions")
-    (
-        b.source("clicks", json_deserializer)
-        .select_timestamp("ts")
-        .key_by("key")
-        .window(SessionWindow.with_gap(Time.milliseconds(gap)))
-        .count("n")
-        .water_mark(LATENESS / 1000)
-        .late_records_to("late")
-        .to_rstream()
-        .sink("out")
-    )
+    topology = _windowed_count("sessions", "clicks", SessionWindow.with_gap(Time.milliseconds(gap)))
 
-    outputs, late_ids, late_count = _run(b.build(), shape, _rounds(("clicks", queues, 13)))
+    outputs, late_ids, late_count = _run(topology, shape, _rounds(("clicks", queues, 13)))
     got = Counter({(o["key"], o["window_start"], o["window_end"]): o["n"] for o in outputs})
     assert len(outputs) == len(counts) and got == Counter(counts)
     assert late_ids == sorted(e["id"] for e in late)
@@ -275,20 +282,11 @@ def test_a_click_touching_a_closed_session_is_late_whether_or_not_it_fired() -> 
         {"key": "a", "id": "3", "ts": BASE + 3_000},  # own window open, a's session closed
     ]
     counts, late = session_counts({0: events}, gap, LATENESS)
-    b = StreamBuilder("closed-session")
-    (
-        b.source("clicks", json_deserializer)
-        .select_timestamp("ts")
-        .key_by("key")
-        .window(SessionWindow.with_gap(Time.milliseconds(gap)))
-        .count("n")
-        .water_mark(LATENESS / 1000)
-        .late_records_to("late")
-        .to_rstream()
-        .sink("out")
+    topology = _windowed_count(
+        "closed-session", "clicks", SessionWindow.with_gap(Time.milliseconds(gap))
     )
     for boundary in (None, 2):  # one batch; or a's session fires before the click
-        with TopologyTestDriver(b.build(), source_queues=1, shuffle_queues=1) as driver:
+        with TopologyTestDriver(topology, source_queues=1, shuffle_queues=1) as driver:
             for i, e in enumerate(events):
                 if i == boundary:
                     driver.advance()
@@ -310,20 +308,9 @@ def test_a_pre_combined_count_judges_like_a_per_record_one(
     expected = Counter(
         (e["key"], end(e) - SIZE) for ev in queues.values() for e in ev if id(e) not in late_ids
     )
-    b = StreamBuilder("combined")
-    (
-        b.source("words", json_deserializer)
-        .select_timestamp("ts")
-        .key_by("key")
-        .window(TumblingWindow.of(Time.milliseconds(SIZE)))
-        .count("n")
-        .water_mark(LATENESS / 1000)
-        .late_records_to("late")
-        .to_rstream()
-        .sink("out")
-    )
+    topology = _windowed_count("combined", "words", TumblingWindow.of(Time.milliseconds(SIZE)))
 
-    outputs, got_late, late_count = _run(b.build(), shape, _rounds(("words", queues, 30)))
+    outputs, got_late, late_count = _run(topology, shape, _rounds(("words", queues, 30)))
     assert Counter({(o["key"], o["window_start"]): o["n"] for o in outputs}) == expected
     assert got_late == sorted(e["id"] for e in late)
     assert late_count == len(late)
@@ -332,20 +319,11 @@ def test_a_pre_combined_count_judges_like_a_per_record_one(
 def test_every_shuffle_queue_hears_a_batch_s_progress_once_and_a_replay_adds_nothing() -> None:
     """A source queue's batch reaches every shuffle queue: its records' last message
     ends with the progress, and a queue none of its keys went to gets one mark."""
-    b = StreamBuilder("marks")
-    (
-        b.source("words", json_deserializer)
-        .select_timestamp("ts")
-        .key_by("key")
-        .window(TumblingWindow.of(Time.milliseconds(SIZE)))
-        .count("n")
-        .to_rstream()
-        .sink("out")
-    )
+    topology = _windowed_count("marks", "words", TumblingWindow.of(Time.milliseconds(SIZE)))
     shuffle_queues = 4
     key = "a"
     home = queue_for_key(encode_key(key), shuffle_queues)
-    with TopologyTestDriver(b.build(), source_queues=1, shuffle_queues=shuffle_queues) as driver:
+    with TopologyTestDriver(topology, source_queues=1, shuffle_queues=shuffle_queues) as driver:
         driver.pipe_many([{"key": key, "ts": BASE + t} for t in (5, 900, 300)], event_time=1)
         stats = driver.advance()
         shuffle = driver.output_records(driver.topology.shuffle_topics[0])
