@@ -36,6 +36,7 @@ from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.metrics import (
     RateMeters,
+    instance_key,
     instance_metadata,
     instance_numbers,
 )
@@ -119,6 +120,7 @@ def run_instance(
         generation=config.generation,
         progress=context.log.info,
         busy=heart.busy,
+        index=config.instance_index,
     )
     owned = (
         "every queue"
@@ -227,7 +229,7 @@ def _supervise(
         if heart.progressed():
             heart.beat()
         if heart.lag is not None and now - last_metrics >= config.metrics_interval_s:
-            _observe(context, config, inst, heart.lag)
+            _observe(context, config, inst, heart.lag, inst.metrics_url)
             last_metrics = now
         rebalancing = state is not None and state.phase != "run"
         stop.wait(REBALANCE_POLL_S if rebalancing else config.heartbeat_interval_s / 4)
@@ -243,6 +245,7 @@ def _observe(
     config: InstanceConfig,
     inst: Instance,
     lag: dict[str, dict[int, int]],
+    metrics_url: str | None = None,
 ) -> None:
     """Observe the topology asset with this instance's own numbers, keyed by its index.
 
@@ -254,7 +257,8 @@ def _observe(
     source totals. Rates are of cumulative counters over at least
     ``STREAM_ASSETS_METRICS_RATE_WINDOW_S`` of wall time between two samples,
     so an interval in which no batch ended does not read 0
-    (stream_assets/control/metrics.py).
+    (stream_assets/control/metrics.py). ``metrics_url``, the instance's Prometheus
+    endpoint, goes with them as ``instance_<i>.metrics_url``.
     """
     meters = _RATES.get(inst)
     if meters is None:
@@ -268,6 +272,10 @@ def _observe(
     rates = meters.add(time.monotonic(), numbers.counters())
     # inst.generation, not the run's config: a rebalance in place moves it.
     metadata = instance_metadata(config.instance_index, inst.generation, numbers, rates)
+    if metrics_url is not None:
+        metadata[instance_key(config.instance_index, "metrics_url")] = dg.MetadataValue.url(
+            metrics_url
+        )
     context.log_event(
         dg.AssetObservation(asset_key=topology_asset_key(inst.topology.job_id), metadata=metadata)
     )

@@ -170,7 +170,15 @@ class BrokerSettings(BaseSettings):
 
 
 class EngineSettings(BaseSettings):
-    """How instances run topologies (env prefix ``STREAM_ASSETS_ENGINE_``)."""
+    """How instances run topologies (env prefix ``STREAM_ASSETS_ENGINE_``).
+
+    Example: each topology's instances on a Prometheus port range of their own
+    (``STREAM_ASSETS_ENGINE_METRICS_PORTS='{"clicks": 9500}'`` in the env)::
+
+        >>> engine = EngineSettings(metrics_ports={"clicks": 9500})
+        >>> engine.metrics_port, engine.metrics_ports["clicks"]
+        (9450, 9500)
+    """
 
     model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_ENGINE_", extra="ignore")
 
@@ -213,6 +221,25 @@ class EngineSettings(BaseSettings):
         ge=0,
         description="How long a running instance retries (with backoff) while the broker is "
         "unreachable before its query fails; 0 fails at once.",
+    )
+    metrics_port: int = Field(
+        default=9450,
+        ge=0,
+        le=65535,
+        description="Base port of the instances' Prometheus endpoints: instance i of a topology "
+        "serves http://<host>:<base + i>/metrics. 0 turns them off. A port already taken does "
+        "not stop the instance: it runs without the endpoint and logs which port and what to set.",
+    )
+    metrics_ports: dict[str, Annotated[int, Field(ge=0, le=65535)]] = Field(
+        default_factory=dict,
+        description="Base port per topology (job id), as JSON, over metrics_port: "
+        '{"wordcount": 9500, "clicks": 9600}. Topologies whose instances share a host need '
+        "ranges of their own; 0 turns one topology's endpoints off.",
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0",
+        description="Address the Prometheus endpoints listen on (every interface by default, so "
+        "a Prometheus on another host can scrape them; 127.0.0.1 keeps them local).",
     )
 
     def resolved_state_dir(self) -> Path:

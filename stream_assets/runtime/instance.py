@@ -41,6 +41,7 @@ from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
+from stream_assets.runtime.prometheus import MetricsEndpointError, PrometheusExporter, endpoint_port
 from stream_assets.runtime.query_restart import RestartBudget, restartable
 from stream_assets.runtime.source import RocketMQDataSource, encode_layouts
 from stream_assets.runtime.spark_logging import quiet_spark_conf
@@ -135,8 +136,11 @@ class Instance:
         generation: int = 0,
         progress: Progress = _print,
         busy: Busy = _unwatched,
+        index: int = 0,
     ) -> None:
         self.topology = topology
+        #: Which instance of the topology this is: its metrics label and endpoint port.
+        self.index = index
         self.group = group or topology.job_id
         self.rocketmq = rocketmq or RocketMQSettings()
         self.engine = engine or EngineSettings()
@@ -148,6 +152,8 @@ class Instance:
         #: under load one query start can take a minute and more.
         self.busy = busy
         self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
+        #: The same numbers for Prometheus, per queue: fed where ``metrics`` is (:meth:`_record`).
+        self.prometheus = PrometheusExporter(topology, index, generation)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         #: One query per stage, in ``topology.stages`` order (while running).
@@ -245,7 +251,8 @@ class Instance:
         return spark
 
     def start(self, run_queries: bool = True) -> None:
-        """Create missing topics, start the SparkSession and one query per stage.
+        """Create missing topics, start the SparkSession, one query per stage and the
+        Prometheus endpoint (:meth:`serve_metrics`).
 
         ``run_queries=False`` only warms up (topics, SparkSession, shipped code):
         an instance that takes queues over later, with :meth:`reassign`.
@@ -267,6 +274,33 @@ class Instance:
             self._queries.clear()
             shutil.rmtree(self._checkpoints, ignore_errors=True)
             raise
+        self.serve_metrics()
+
+    def serve_metrics(self) -> str | None:
+        """Start this instance's Prometheus endpoint (:meth:`start` does); its URL, or None.
+
+        The port is the topology's base port plus :attr:`index`
+        (:func:`~stream_assets.runtime.prometheus.endpoint_port`). A port that
+        cannot be had is logged with what to set, and the instance runs on
+        without the endpoint: losing its metrics must not stop the data.
+        """
+        if self.prometheus.url is not None:
+            return self.prometheus.url
+        try:
+            port = endpoint_port(self.engine, self.topology.job_id, self.index)
+            if port is None:
+                return None
+            url = self.prometheus.serve(self.engine.metrics_host, port)
+        except MetricsEndpointError as exc:
+            self.progress(f"warning: {exc}")
+            return None
+        self.progress(f"Prometheus metrics of {self.topology.job_id} instance {self.index}: {url}")
+        return url
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this instance's Prometheus metrics are served (None: not served)."""
+        return self.prometheus.url
 
     def check_credentials(self) -> None:
         """Fail fast, before Spark starts, if the brokers refuse this instance's user.
@@ -330,6 +364,15 @@ class Instance:
             self.stop_queries()
         self.assignment = assignment
         self.generation = generation
+        with self._lock:
+            # Stores handed back are another instance's now: their size is no longer ours.
+            for stage in self.topology.stages:
+                kept = self._queues_of(stage.input_topic)
+                state = self.metrics[stage.index].state
+                if kept is not None:
+                    for queue in set(state) - set(kept):
+                        del state[queue]
+            self.prometheus.reassigned(generation, assignment)
         self.writer = f"{self.topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
         self._start_queries()
 
@@ -547,6 +590,9 @@ class Instance:
                         continue
                     m.totals[key] += value
                 m.watermark = max(m.watermark, int(row.get("watermark", -1)))
+            # Under the same lock, from the same rows: Prometheus and the Dagster
+            # observations (which read ``metrics``) never count different batches.
+            self.prometheus.record_batch(stage, rows, seconds)
 
     def lag_by_queue(self) -> dict[str, dict[int, int]]:
         """Messages not yet committed, per stage input topic and assigned queue."""
@@ -570,6 +616,7 @@ class Instance:
                     floor = ranges[q].min_offset
                 per_queue[layout.index(q)] = max(0, ranges[q].max_offset - floor)
             out[stage.input_topic] = per_queue
+        self.prometheus.record_lag(out)
         return out
 
     def lag(self) -> dict[str, int]:
@@ -623,6 +670,7 @@ class Instance:
         """Take one restart of ``stage``'s query from its budget, saying why."""
         if not self._restarts[stage.index].allow(time.monotonic()):
             return False
+        self.prometheus.record_restart(stage.index)
         first_line = (str(exc).strip().splitlines() or [""])[0]
         self.progress(
             f"stage {stage.index}: Spark's Python worker did not start in time "
@@ -687,6 +735,8 @@ class Instance:
     def stop(self, timeout_s: float = 120.0) -> None:
         """Finish the batch in flight in every stage, then stop (final checkpoint)."""
         self.stop_queries(timeout_s)
+        # After the last batch counted; frees the port for this process's next instance.
+        self.prometheus.close()
         shutil.rmtree(self._checkpoints, ignore_errors=True)
         self.progress(f"instance of {self.topology.job_id} stopped")
 
@@ -696,6 +746,7 @@ class Instance:
             self.stop()
         # A warm-up instance (no queries) wrote the settings file too.
         shutil.rmtree(self._checkpoints, ignore_errors=True)
+        self.prometheus.close()
         if self._admin_obj is not None:
             self._admin_obj.close()
             self._admin_obj = None
