@@ -68,6 +68,7 @@ from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
+from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.shuffle_codec import encode_key
@@ -748,13 +749,15 @@ class TopologyTestDriver:
     def _source_round(self, ctx: StageContext) -> bool:
         topic = self.broker.topic(ctx.stage.input_topic)
         committed = self._committed[topic.name]
+        source = ctx.stage.source
+        tags = TagFilter.parse(None if source is None else source.tags)  # as the broker's
         progressed = False
         for q in range(topic.queue_count):
             start = committed[q]
             end = self._limit(start, topic.end(q))
             if end <= start:
                 continue
-            records = topic.read(q, start, end)
+            records = [r for r in topic.read(q, start, end) if tags.matches(r.tags)]
             with contextlib.redirect_stdout(self._stdout):
                 stats = run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
             self.stats.append(stats)

@@ -44,6 +44,7 @@ from stream_assets.operators.aggregates import (
 from stream_assets.operators.joins import JoinCollect
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Topology, validate_name
+from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.serde import Deserializer, Serializer, json_serializer
 
 _DEFAULT_IDLE_TIMEOUT_MS = 10_000
@@ -81,11 +82,14 @@ class StreamBuilder:
         self._nodes.append(node)
         return node.op_id
 
-    def source(self, topic: str, deserializer: Deserializer) -> RStream:
+    def source(self, topic: str, deserializer: Deserializer, *, tags: str | None = None) -> RStream:
         """Read ``topic``; ``deserializer`` turns each body (bytes) into a value.
 
-        A topology may read several topics (one ``source`` each); combine
-        their streams with ``union`` or ``join``.
+        ``tags``: a RocketMQ tag expression (``"TagA || TagB"``; default every
+        message): the broker sends only the messages with those tags
+        (:mod:`stream_assets.rocketmq.tags`). A topology may read several
+        topics (one ``source`` each); combine their streams with ``union`` or
+        ``join``.
         """
         validate_name(topic, "source topic")
         if any(isinstance(x, n.Source) and x.topic == topic for x in self._nodes):
@@ -93,7 +97,16 @@ class StreamBuilder:
                 f"{self.job_id}: {topic!r} is already a source; use its stream handle twice "
                 "to branch"
             )
-        node = n.Source(self._op_id("source"), topic, _callable(deserializer, "source"))
+        try:
+            wanted = TagFilter.parse(tags)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{self.job_id}: source {topic!r}: {exc}") from exc
+        node = n.Source(
+            self._op_id("source"),
+            topic,
+            _callable(deserializer, "source"),
+            tags=None if wanted.tags is None else wanted.expression,
+        )
         return RStream(self, self._add(node))
 
     def table(
@@ -102,14 +115,16 @@ class StreamBuilder:
         deserializer: Deserializer,
         key: Callable[[Any], Any] | str,
         timestamp: Callable[[Any], Any] | str | None = None,
+        *,
+        tags: str | None = None,
     ) -> Table:
         """A table from ``topic``: the latest value per ``key`` (a field or function).
 
         Each message is an update of its key; its event time is ``timestamp``
-        (a field or function) or the message's born time. Join a stream with
-        it: ``stream.join_table(table, key=...)``.
+        (a field or function) or the message's born time; ``tags`` as for
+        :meth:`source`. Join a stream with it: ``stream.join_table(table, key=...)``.
         """
-        stream = self.source(topic, deserializer)
+        stream = self.source(topic, deserializer, tags=tags)
         if timestamp is not None:
             stream = stream.select_timestamp(timestamp)
         return Table(stream, _key_selector(key, "table"))

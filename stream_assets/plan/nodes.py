@@ -29,10 +29,12 @@ class Node:
 
 @dataclass(frozen=True)
 class Source(Node):
-    """Read ``topic``, turning each body into a value with ``deserializer``."""
+    """Read ``topic``, turning each body into a value with ``deserializer``; with
+    ``tags`` (a RocketMQ tag expression, ``"A || B"``) only the messages it selects."""
 
     topic: str
     deserializer: Deserializer
+    tags: str | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)

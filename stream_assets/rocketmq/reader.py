@@ -25,6 +25,10 @@ from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.rocketmq.message_codec import decode_messages
 from stream_assets.rocketmq.records import Record
 from stream_assets.rocketmq.remoting import RemotingCommand, RequestCode, ResponseCode
+from stream_assets.rocketmq.tags import TagFilter
+
+#: Every message (no tag filter).
+_EVERY = TagFilter(None)
 
 _FLAG_SUBSCRIPTION = 0x4  # subscription sent with the request; no group registration needed
 
@@ -68,12 +72,19 @@ class QueueReader:
         """Close the reader's connections."""
         self._pool.close()
 
-    def pull(self, queue: MessageQueue, offset: int, max_messages: int | None = None) -> PullBatch:
-        """Read up to ``max_messages`` records of ``queue`` starting at ``offset``."""
+    def pull(
+        self,
+        queue: MessageQueue,
+        offset: int,
+        max_messages: int | None = None,
+        tags: TagFilter = _EVERY,
+    ) -> PullBatch:
+        """Read up to ``max_messages`` records of ``queue`` starting at ``offset``, only
+        those ``tags`` selects (the broker filters; ``next_offset`` passes the rest)."""
         # The master, else the group's slave (which serves pulls alike).
         addr = self.admin.read_addr(queue)
         try:
-            reply = self._pull(addr, queue, offset, max_messages)
+            reply = self._pull(addr, queue, offset, max_messages, tags)
         except BrokerUnreachableError:
             self.admin.forget_route(queue)
             raise
@@ -84,7 +95,11 @@ class QueueReader:
             int(fields.get("maxOffset", 0)),
         )
         if reply.code == ResponseCode.SUCCESS:
-            return PullBatch(queue, PullStatus.FOUND, decode_messages(reply.body), *bounds)
+            records = decode_messages(reply.body)
+            if tags.tags is not None:
+                # The broker matched tag hashes; two tags can share one.
+                records = [r for r in records if tags.matches(r.tags)]
+            return PullBatch(queue, PullStatus.FOUND, records, *bounds)
         if reply.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
             return PullBatch(queue, PullStatus.NO_NEW_MESSAGES, [], *bounds)
         if reply.code == ResponseCode.PULL_OFFSET_MOVED:
@@ -94,7 +109,12 @@ class QueueReader:
         )
 
     def _pull(
-        self, addr: str, queue: MessageQueue, offset: int, max_messages: int | None
+        self,
+        addr: str,
+        queue: MessageQueue,
+        offset: int,
+        max_messages: int | None,
+        tags: TagFilter,
     ) -> RemotingCommand:
         return self._pool.get(addr, f"broker {queue.broker_name}").call(
             RequestCode.PULL_MESSAGE,
@@ -107,18 +127,21 @@ class QueueReader:
                 "sysFlag": str(_FLAG_SUBSCRIPTION),
                 "commitOffset": "0",
                 "suspendTimeoutMillis": "0",
-                "subscription": "*",
+                "subscription": tags.expression,
                 "subVersion": "0",
                 "expressionType": "TAG",
             },
         )
 
-    def read(self, queue: MessageQueue, start: int, end: int | None = None) -> Iterator[Record]:
-        """Every record of ``queue`` from ``start`` up to ``end`` (default: what is stored now)."""
+    def read(
+        self, queue: MessageQueue, start: int, end: int | None = None, tags: TagFilter = _EVERY
+    ) -> Iterator[Record]:
+        """Every record of ``queue`` from ``start`` up to ``end`` (default: what is stored
+        now), only those ``tags`` selects."""
         stop = self.admin.max_offset(queue) if end is None else end
         offset = start
         while offset < stop:
-            batch = self.pull(queue, offset, min(self.max_batch, stop - offset))
+            batch = self.pull(queue, offset, min(self.max_batch, stop - offset), tags)
             if batch.status is PullStatus.OFFSET_ILLEGAL:
                 raise RemotingError(
                     f"read {queue.topic}[{queue.queue_id}] from {offset}",
@@ -126,7 +149,10 @@ class QueueReader:
                     f"offset outside the stored range {batch.min_offset}..{batch.max_offset}",
                 )
             if not batch.records:
-                return
+                if tags.tags is None or batch.next_offset <= offset:
+                    return
+                offset = batch.next_offset  # all filtered out up to there: read on
+                continue
             for record in batch.records:
                 if record.queue_offset >= stop:
                     return

@@ -33,6 +33,7 @@ import pyarrow as pa
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.layout import TopicLayout
+from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.runtime.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outage import ride_out_outage
@@ -102,7 +103,9 @@ def executor_state_root() -> Path:
 def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
     """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
     settings = ctx.rocketmq
-    records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end)
+    source = ctx.stage.stage.source
+    tags = TagFilter.parse(None if source is None else source.tags)
+    records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end, tags)
     sender = SendBuffer(ctx.producer())
     stats = run_source_batch(ctx.stage, queue_id, start, end, records, sender)
     stats.settings_digest = settings.digest()

@@ -36,11 +36,13 @@ def unique(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class Message:
-    """One message to produce: body, optional key (routes by stable hash) or explicit queue."""
+    """One message to produce: body, optional key (routes by stable hash) or explicit
+    queue, optional tag."""
 
     body: bytes
     key: str | None = None
     queue_id: int | None = None
+    tags: str | None = None
 
 
 def produce(
@@ -73,7 +75,7 @@ def produce_per_queue(
 def _send_all(settings: RocketMQSettings, topic: str, messages: Sequence[Message]) -> None:
     with Producer(settings) as producer:
         for m in messages:
-            producer.send(topic, m.body, key=m.key, queue_id=m.queue_id)
+            producer.send(topic, m.body, key=m.key, tags=m.tags, queue_id=m.queue_id)
 
 
 def _run_threads(
@@ -131,7 +133,7 @@ class BackgroundProducer:
                 for i, m in enumerate(share):
                     if i == self._pause_after:
                         self._gate.wait()
-                    producer.send(topic, m.body, key=m.key, queue_id=m.queue_id)
+                    producer.send(topic, m.body, key=m.key, tags=m.tags, queue_id=m.queue_id)
                     with self._lock:
                         self.sent += 1
         except BaseException as exc:

@@ -6,6 +6,7 @@ on a busy machine) from being judged hung; the beat says which step and since wh
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -30,7 +31,10 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 def _heart(instance: dg.DagsterInstance, run_id: str, **config: object) -> Heart:
-    context = SimpleNamespace(instance=instance, run_id=run_id, log=SimpleNamespace())
+    # A real logger: a busy storage (SQLite "table is locked" on a loaded machine) makes
+    # the thread warn and retry, as under Dagster; a log without warning() killed it.
+    log = logging.getLogger(f"test-heart-{run_id}")
+    context = SimpleNamespace(instance=instance, run_id=run_id, log=log)
     return Heart(context, InstanceConfig(topology="wc", **config))  # type: ignore[arg-type]
 
 
@@ -107,3 +111,33 @@ def test_nested_steps_show_the_innermost_then_the_outer_again() -> None:
             assert heart.doing() is not None and heart.doing()[0].startswith("starting")  # type: ignore[index]
         assert heart.doing() is not None and heart.doing()[0] == "taking queues over"  # type: ignore[index]
     assert heart.doing() is None
+
+
+def test_a_busy_storage_costs_beats_not_the_thread(
+    instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite under load refuses writes now and then ("table is locked"): the thread
+    warns once and beats again when the storage takes writes."""
+    from jobs import instance_heart
+
+    real = instance_heart.record_heartbeat
+    refused: list[int] = []
+
+    def refuse_three(*args: object, **kwargs: object) -> None:
+        if len(refused) < 3:
+            refused.append(1)
+            raise RuntimeError("database table is locked: kvs")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(instance_heart, "record_heartbeat", refuse_three)
+    heart = _heart(instance, "run-e", heartbeat_interval_s=0.05)
+    heart.follower = RebalanceFollower(StartedInstance(), 0, 1, {"in": [0]})  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="test-heart-run-e"):
+        heart.start()
+        try:
+            _await_beat(instance, "run-e", lambda b: True)
+        finally:
+            heart.stop()
+    assert len(refused) == 3
+    warned = [r.message for r in caplog.records if "heartbeat not recorded" in r.message]
+    assert len(warned) == 1 and "table is locked" in warned[0]
