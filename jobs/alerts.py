@@ -41,18 +41,18 @@ import time
 
 import dagster as dg
 
-from jobs.checks import crash_alert_outcome
-from jobs.instance_job import instance_job
-from jobs.supervisor import (
+from stream_assets.control.alerts import Alert, notify
+from stream_assets.control.desired_state import KEY_PREFIX
+from stream_assets.control.registry import TOPOLOGY_TAG
+from stream_assets.jobs.checks import crash_alert_outcome
+from stream_assets.jobs.instance_job import instance_job
+from stream_assets.jobs.supervisor import (
     SENSOR_INTERVAL_S,
     crash_history,
     failure_message,
     launch_failure,
     run_index,
 )
-from stream_assets.control.alerts import Alert, notify
-from stream_assets.control.desired_state import KEY_PREFIX
-from stream_assets.control.registry import TOPOLOGY_TAG
 from stream_assets.settings import SupervisorSettings
 
 
@@ -102,7 +102,7 @@ def raise_alert(
         >>> inst, log = dg.DagsterInstance.ephemeral(), logging.getLogger("doctest")
         >>> log.addHandler(logging.NullHandler())
         >>> raise_alert(inst, Alert("wc", 0, "3f2a", "boom", 1), SupervisorSettings(), log)
-        >>> from jobs.checks import crash_check_key
+        >>> from stream_assets.jobs.checks import crash_check_key
         >>> key = crash_check_key("wc")
         >>> record = inst.event_log_storage.get_asset_check_summary_records([key])[key]
         >>> evaluation = record.last_check_execution_record.event.asset_check_evaluation

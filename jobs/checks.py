@@ -65,14 +65,14 @@ from typing import Any, Protocol, Self
 
 import dagster as dg
 
-from jobs.instance_job import INSTANCE_JOB
-from jobs.supervisor import failure_message, run_index
-from resources.rocketmq import RocketMQResource
 from stream_assets.control.alerts import Alert, notify
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.lineage import key_component, topic_asset_key, topology_asset_key
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
+from stream_assets.jobs.instance_job import INSTANCE_JOB
+from stream_assets.jobs.supervisor import failure_message, run_index
 from stream_assets.plan.topology import Topology
+from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import current_layout

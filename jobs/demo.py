@@ -7,10 +7,10 @@ an independent count of the same lines; the run fails if they differ.
 
 import dagster as dg
 
-from resources.rocketmq import RocketMQResource
-from resources.spark import SparkResource
-from resources.state_store import RocksDBStateStoreResource
 from stream_assets.examples.demo import run_wordcount_demo
+from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.resources.spark import SparkResource
+from stream_assets.resources.state_store import RocksDBStateStoreResource
 
 
 class DemoConfig(dg.Config):

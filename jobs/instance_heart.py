@@ -42,7 +42,7 @@ from stream_assets.control.desired_state import record_heartbeat
 from stream_assets.control.rebalance import Progress, RebalanceFollower
 
 if TYPE_CHECKING:
-    from jobs.instance_job import InstanceConfig
+    from stream_assets.jobs.instance_job import InstanceConfig
 
 
 class _Step:

@@ -28,10 +28,6 @@ from typing import Any
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from jobs.instance_heart import Heart
-from resources.rocketmq import RocketMQResource
-from resources.spark import SparkResource
-from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.metrics import (
@@ -48,6 +44,10 @@ from stream_assets.control.registry import (
     TOPOLOGY_TAG,
     registration,
 )
+from stream_assets.jobs.instance_heart import Heart
+from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.resources.spark import SparkResource
+from stream_assets.resources.state_store import RocksDBStateStoreResource
 from stream_assets.runtime.instance import Instance
 from stream_assets.runtime.outage import TRANSIENT
 from stream_assets.settings import MetricsSettings

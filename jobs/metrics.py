@@ -54,7 +54,6 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.instance_job import INSTANCE_JOB
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
@@ -67,6 +66,7 @@ from stream_assets.control.metrics import (
     topology_metadata,
 )
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
+from stream_assets.jobs.instance_job import INSTANCE_JOB
 from stream_assets.plan.topology import Topology
 from stream_assets.settings import MetricsSettings
 

@@ -30,9 +30,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from jobs.failures import acting_on, failure
-from resources.rocketmq import RocketMQResource
-from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.reset import (
     ResetPlan,
     ResetRefusedError,
@@ -48,7 +45,10 @@ from stream_assets.control.reset_guard import (
     active_runs,
     refusal_message,
 )
+from stream_assets.jobs.failures import acting_on, failure
 from stream_assets.plan.topology import Topology
+from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.resources.state_store import RocksDBStateStoreResource
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.reader import QueueReader

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from resources.rocketmq import RocketMQResource
+from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.roundtrip import run_roundtrip
 
 

@@ -31,11 +31,6 @@ from collections.abc import Iterable
 
 import dagster as dg
 
-from jobs.failures import acting_on, failure
-from jobs.supervisor import failure_message, instance_runs, run_index
-from resources.rocketmq import RocketMQResource
-from resources.spark import SparkResource
-from resources.state_store import RocksDBStateStoreResource
 from stream_assets.control.allocation import (
     STRATEGIES,
     Allocation,
@@ -51,7 +46,12 @@ from stream_assets.control.desired_state import (
     heartbeats,
 )
 from stream_assets.control.topics import check_topology_credentials, provision_topics
+from stream_assets.jobs.failures import acting_on, failure
+from stream_assets.jobs.supervisor import failure_message, instance_runs, run_index
 from stream_assets.plan.topology import Topology
+from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.resources.spark import SparkResource
+from stream_assets.resources.state_store import RocksDBStateStoreResource
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import TopicLayout

@@ -34,7 +34,6 @@ import json
 
 import dagster as dg
 
-from resources.rocketmq import RocketMQResource
 from stream_assets.control.state_query import (
     StateAnswer,
     StateQueryError,
@@ -43,6 +42,7 @@ from stream_assets.control.state_query import (
     parse_window,
     query_state,
 )
+from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.errors import RocketMQError
 
 STATE_QUERY_JOB = "state_query_job"

@@ -68,12 +68,6 @@ from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.launcher.sync_in_memory_run_launcher import SyncInMemoryRunLauncher
 from dagster._core.storage.dagster_run import RunRecord
 
-from jobs.instance_job import (
-    INSTANCE_JOB,
-    instance_job,
-    instance_run_config,
-    instance_run_tags,
-)
 from stream_assets.control.allocation import Allocation
 from stream_assets.control.desired_state import (
     DesiredState,
@@ -88,6 +82,12 @@ from stream_assets.control.registry import (
     INSTANCE_INDEX_TAG,
     REGISTRY,
     TOPOLOGY_TAG,
+)
+from stream_assets.jobs.instance_job import (
+    INSTANCE_JOB,
+    instance_job,
+    instance_run_config,
+    instance_run_tags,
 )
 from stream_assets.settings import SupervisorSettings
 

@@ -1,7 +1,7 @@
 """Dagster resources of stream-assets (ConfigurableResources over the engine's clients)."""
 
-from resources.rocketmq import RocketMQResource
-from resources.spark import SparkResource
-from resources.state_store import QueueStateStats, RocksDBStateStoreResource
+from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.resources.spark import SparkResource
+from stream_assets.resources.state_store import QueueStateStats, RocksDBStateStoreResource
 
 __all__ = ["QueueStateStats", "RocketMQResource", "RocksDBStateStoreResource", "SparkResource"]

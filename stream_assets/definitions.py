@@ -13,20 +13,20 @@ import warnings
 
 import dagster as dg
 
-from jobs import all_scale_schedules, roundtrip_job
-from jobs.alerts import instance_failure_alerts
-from jobs.checks import TOPOLOGY_CHECKS, topology_checks_job, topology_checks_sensor
-from jobs.demo import wordcount_demo_job
-from jobs.instance_job import instance_job
-from jobs.lifecycle import start_topology_job, stop_topology_job
-from jobs.metrics import topology_metrics_sensor
-from jobs.reset import reset_job
-from jobs.scale import scale_job
-from jobs.state_query import state_query_job
-from jobs.supervisor import supervisor_sensor
-from resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
 from stream_assets.control.lineage import lineage_asset_specs
 from stream_assets.control.registry import REGISTRY
+from stream_assets.jobs import all_scale_schedules, roundtrip_job
+from stream_assets.jobs.alerts import instance_failure_alerts
+from stream_assets.jobs.checks import TOPOLOGY_CHECKS, topology_checks_job, topology_checks_sensor
+from stream_assets.jobs.demo import wordcount_demo_job
+from stream_assets.jobs.instance_job import instance_job
+from stream_assets.jobs.lifecycle import start_topology_job, stop_topology_job
+from stream_assets.jobs.metrics import topology_metrics_sensor
+from stream_assets.jobs.reset import reset_job
+from stream_assets.jobs.scale import scale_job
+from stream_assets.jobs.state_query import state_query_job
+from stream_assets.jobs.supervisor import supervisor_sensor
+from stream_assets.resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
 
 # Dagster 1.13 rebuilds every sensor whose job still needs this location's resources
 # (SensorDefinition.with_attributes) and passes the sensor's owners on as [] instead of

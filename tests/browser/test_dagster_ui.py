@@ -9,7 +9,7 @@ running deployment records there: two instances' observations
 (:func:`~stream_assets.control.metrics.instance_metadata`), the metrics
 sensor's materializations of the totals
 (:func:`~stream_assets.control.metrics.topology_metadata`), one more instance
-observation after them, and a crash alert (:func:`jobs.alerts.raise_alert`).
+observation after them, and a crash alert (:func:`stream_assets.jobs.alerts.raise_alert`).
 Playwright then drives Debian's ``chromium`` (``executable_path``: no browser
 download) and checks:
 
@@ -69,8 +69,6 @@ from dagster._core.events import (
 from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from jobs.alerts import raise_alert
-from jobs.checks import crash_check_key
 from stream_assets.control.alerts import Alert
 from stream_assets.control.lineage import topic_asset_key, topology_asset_key, topology_asset_specs
 from stream_assets.control.metrics import (
@@ -83,6 +81,8 @@ from stream_assets.control.metrics import (
     topology_metadata,
 )
 from stream_assets.control.registry import registration
+from stream_assets.jobs.alerts import raise_alert
+from stream_assets.jobs.checks import crash_check_key
 from stream_assets.settings import PROJECT_ROOT, SupervisorSettings
 from tests.browser.conftest import CALL_FAILED
 

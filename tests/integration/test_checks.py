@@ -21,7 +21,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.checks import (
+from stream_assets.control.alerts import Alert
+from stream_assets.control.desired_state import DesiredState, DesiredStateStore
+from stream_assets.control.lineage import lineage_asset_specs
+from stream_assets.control.metrics import instance_numbers
+from stream_assets.control.registry import TopologyRegistration
+from stream_assets.jobs.checks import (
     CRASHES,
     DEAD_LETTERS,
     FRESH,
@@ -29,12 +34,7 @@ from jobs.checks import (
     build_checks_sensor,
     topology_checks,
 )
-from resources import RocketMQResource
-from stream_assets.control.alerts import Alert
-from stream_assets.control.desired_state import DesiredState, DesiredStateStore
-from stream_assets.control.lineage import lineage_asset_specs
-from stream_assets.control.metrics import instance_numbers
-from stream_assets.control.registry import TopologyRegistration
+from stream_assets.resources import RocketMQResource
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import CheckSettings, RocketMQSettings
 from tests.integration._engine_util import Message, produce, totals_topology

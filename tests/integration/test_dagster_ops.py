@@ -23,7 +23,6 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.supervisor import failure_message, instance_runs
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
 from stream_assets.control.lineage import topic_asset_key
 from stream_assets.control.registry import (
@@ -32,6 +31,7 @@ from stream_assets.control.registry import (
     REGISTRY,
     TOPOLOGY_TAG,
 )
+from stream_assets.jobs.supervisor import failure_message, instance_runs
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader

@@ -24,12 +24,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.instance_job import instance_job, instance_run_config, instance_run_tags
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.reset import EARLIEST, apply_reset, plan_reset
 from stream_assets.control.reset_guard import run_reset_command
 from stream_assets.examples import wordcount
+from stream_assets.jobs.instance_job import instance_job, instance_run_config, instance_run_tags
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.settings import RocketMQSettings

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.state_query import state_query_job
-from resources.rocketmq import RocketMQResource
 from stream_assets import cli
 from stream_assets.control.registry import REGISTRY, TopologyRegistration
 from stream_assets.control.state_query import query_state
 from stream_assets.examples import wordcount
+from stream_assets.jobs.state_query import state_query_job
 from stream_assets.plan.topology import Topology
+from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.runtime.instance import Instance

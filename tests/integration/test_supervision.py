@@ -30,11 +30,16 @@ import pytest
 import sqlalchemy.exc
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from jobs.checks import crash_check_key
-from jobs.supervisor import crash_history, failure_message, instance_runs, launch_failure
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
+from stream_assets.jobs.checks import crash_check_key
+from stream_assets.jobs.supervisor import (
+    crash_history,
+    failure_message,
+    instance_runs,
+    launch_failure,
+)
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import RocketMQSettings, SupervisorSettings
 from tests.integration._alert_hook import recorded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from jobs.alerts import instance_failure_alerts
+from stream_assets.jobs.alerts import instance_failure_alerts
 
 
 def alert_sensor_tick(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:

@@ -6,8 +6,6 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from jobs.schedules import all_scale_schedules, scale_run_config, scale_schedules
-from resources import RocksDBStateStoreResource, SparkResource
 from stream_assets.control.lineage import (
     SHARED_GROUP,
     lineage_asset_specs,
@@ -23,6 +21,8 @@ from stream_assets.control.registry import (
     TopologyRegistration,
 )
 from stream_assets.examples import windowed_sum, wordcount
+from stream_assets.jobs.schedules import all_scale_schedules, scale_run_config, scale_schedules
+from stream_assets.resources import RocksDBStateStoreResource, SparkResource
 from stream_assets.state.store import QueueStateStore
 
 

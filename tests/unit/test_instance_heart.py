@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 
-from jobs.instance_heart import Heart
-from jobs.instance_job import InstanceConfig
 from stream_assets.control.desired_state import Heartbeat, heartbeats
 from stream_assets.control.rebalance import RebalanceFollower
+from stream_assets.jobs.instance_heart import Heart
+from stream_assets.jobs.instance_job import InstanceConfig
 
 
 class StartedInstance:
@@ -118,7 +118,7 @@ def test_a_busy_storage_costs_beats_not_the_thread(
 ) -> None:
     """SQLite under load refuses writes now and then ("table is locked"): the thread
     warns once and beats again when the storage takes writes."""
-    from jobs import instance_heart
+    from stream_assets.jobs import instance_heart
 
     real = instance_heart.record_heartbeat
     refused: list[int] = []

@@ -15,23 +15,6 @@ import dagster as dg
 import pytest
 from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
 
-from jobs.checks import (
-    CRASHES,
-    DEAD_LETTERS,
-    FRESH,
-    LAG,
-    check_name,
-    crash_check_key,
-    crash_outcome,
-    evaluate_topology,
-    freshness_outcome,
-    previous_evaluation,
-    raise_dead_letter_alerts,
-    topology_checks,
-)
-from jobs.instance_job import INSTANCE_JOB, InstanceConfig, _observe, instance_job
-from jobs.metrics import build_metrics_sensor
-from resources import RocketMQResource
 from stream_assets.control.alerts import Alert
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
@@ -55,7 +38,24 @@ from stream_assets.control.registry import (
 )
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
+from stream_assets.jobs.checks import (
+    CRASHES,
+    DEAD_LETTERS,
+    FRESH,
+    LAG,
+    check_name,
+    crash_check_key,
+    crash_outcome,
+    evaluate_topology,
+    freshness_outcome,
+    previous_evaluation,
+    raise_dead_letter_alerts,
+    topology_checks,
+)
+from stream_assets.jobs.instance_job import INSTANCE_JOB, InstanceConfig, _observe, instance_job
+from stream_assets.jobs.metrics import build_metrics_sensor
 from stream_assets.plan.topology import Topology
+from stream_assets.resources import RocketMQResource
 from stream_assets.runtime.instance import StageMetrics
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import CheckSettings

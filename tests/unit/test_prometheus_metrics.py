@@ -558,7 +558,7 @@ class _Observed:
 
 
 def test_the_instance_observation_carries_the_endpoint_url() -> None:
-    from jobs.instance_job import InstanceConfig, _observe
+    from stream_assets.jobs.instance_job import InstanceConfig, _observe
 
     config = InstanceConfig(topology="wc-prom", instance_index=1)
     context, observed = _Context(), _Observed(_topology())

@@ -15,10 +15,6 @@ from typing import Any, cast
 import dagster as dg
 import pytest
 
-from jobs.instance_job import instance_job, instance_run_config, instance_run_tags
-from jobs.reset import RESET_JOB
-from jobs.scale import SCALE_JOB, scale_job
-from resources import RocketMQResource, RocksDBStateStoreResource
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.reset import (
@@ -38,6 +34,10 @@ from stream_assets.control.reset_guard import (
     refusal_message,
 )
 from stream_assets.examples import wordcount
+from stream_assets.jobs.instance_job import instance_job, instance_run_config, instance_run_tags
+from stream_assets.jobs.reset import RESET_JOB
+from stream_assets.jobs.scale import SCALE_JOB, scale_job
+from stream_assets.resources import RocketMQResource, RocksDBStateStoreResource
 from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets, RocketMQAdmin
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
@@ -608,7 +608,7 @@ def _run_reset_job(
     error: Exception | None = None,
 ) -> dg.ExecuteInProcessResult:
     """The real reset job with planning and applying faked (they are tested above)."""
-    import jobs.reset as module
+    import stream_assets.jobs.reset as module
 
     plan = type(
         "Plan", (), {"describe": lambda self: "the plan", "target_text": "the earliest offsets"}

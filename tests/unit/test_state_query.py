@@ -20,9 +20,7 @@ from typing import Any, cast
 import dagster as dg
 import pytest
 
-import jobs.state_query as state_query_job_module
-from jobs.state_query import state_query_job
-from resources.rocketmq import RocketMQResource
+import stream_assets.jobs.state_query as state_query_job_module
 from stream_assets import cli
 from stream_assets.control import state_query as sq
 from stream_assets.control.registry import REGISTRY, TopologyRegistration
@@ -37,7 +35,9 @@ from stream_assets.control.state_query import (
 )
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import windowed_sum, wordcount
+from stream_assets.jobs.state_query import state_query_job
 from stream_assets.plan.topology import Topology
+from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.hashing import queue_for_key

@@ -20,10 +20,6 @@ from dagster._core.errors import DagsterUserCodeUnreachableError
 from dagster._core.events import EngineEventData
 from dagster._utils.error import serializable_error_info_from_exc_info
 
-from jobs.alerts import alert_for
-from jobs.checks import crash_check_key
-from jobs.instance_job import instance_job, instance_run_config
-from jobs.supervisor import crash_history, plan_topology
 from stream_assets.control.alerts import Alert
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import (
@@ -40,6 +36,10 @@ from stream_assets.control.registry import (
     INSTANCE_INDEX_TAG,
     TOPOLOGY_TAG,
 )
+from stream_assets.jobs.alerts import alert_for
+from stream_assets.jobs.checks import crash_check_key
+from stream_assets.jobs.instance_job import instance_job, instance_run_config
+from stream_assets.jobs.supervisor import crash_history, plan_topology
 from stream_assets.settings import SupervisorSettings
 from tests.unit._alert_sensor import alert_sensor_tick
 
