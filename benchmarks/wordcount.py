@@ -1,4 +1,4 @@
-"""WordCount throughput (pre-produced and live) and latency, against raw read + count.
+"""WordCount throughput and latency, against raw read + count and Spark's own WordCount.
 
 Input (``limits.wordcount_bodies``): ``--lines`` lines of 8 words from a
 2 000-word vocabulary, ``--lines-per-message`` lines a message, fresh topics of
@@ -7,11 +7,24 @@ Input (``limits.wordcount_bodies``): ``--lines`` lines of 8 words from a
 - baseline "raw read + count" (``limits.consume``): one plain Python process
   pulling the input topic through the project's queue reader and counting the
   words with ``collections.Counter``, lines/s; measured on each input topic;
+- baseline "Spark SQL WordCount" (``limits.spark_sql_wordcount``): Spark's own
+  WordCount, plain JVM-native Structured Streaming (text files, ``split``,
+  ``explode``, ``groupBy("word").count()``, memory sink, ``availableNow``) over
+  the same lines written to ``--queues`` text files, on the engine's
+  ``spark_master`` with ``spark.sql.shuffle.partitions`` = its ``shuffle_queues``;
+  lines/s from the query's start to its end. Like ours, it leaves out the JVM
+  and SparkSession start and an untimed warm-up run; unlike ours, it reads
+  local files and shuffles and keeps its state inside Spark, with no broker
+  and no Python in its tasks. Its counts are checked against
+  ``collections.Counter`` (the benchmark fails if they differ). It runs in a
+  process of its own, before our instance starts;
 - pre-produced: every line in the topic before the instance starts; lines/s
-  from ``Instance.start`` to the end of the batch that committed the last of
-  it, and its ratio to the baseline (target >= 25 %);
+  from ``Instance.start`` (SparkSession and Python workers already warm, from
+  ``warm_spark``) to the end of the batch that committed the last of it, its
+  ratio to the raw baseline (target >= 25 %) and ``ours / Spark SQL``;
 - live: the same input sent (``BatchProducer.send_all``, back to back) while the
-  instance runs; lines/s from the first send to the last batch, and its ratio;
+  instance runs; lines/s from the first send to the last batch, its ratio to the
+  raw baseline on its topic and ``ours / Spark SQL``;
 - the shuffle traffic of each (messages, and entries: words, or pre-combined
   partials where the engine pre-combines);
 - end-to-end latency p50/p99 at half the best of those two rates: messages sent
@@ -28,8 +41,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +65,7 @@ from benchmarks._engine import (
     unique,
     warm_spark,
 )
-from benchmarks.limits import consume, produce_batched, wordcount_bodies
+from benchmarks.limits import consume, produce_batched, spark_sql_wordcount, wordcount_bodies
 from stream_assets.examples import wordcount
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
@@ -66,6 +82,41 @@ def shuffle_figures(run: EngineRun) -> dict[str, float]:
         "stage1_entries_in": stage1.get("records_in", 0.0),
         "outputs": stage1.get("outputs", 0.0),
     }
+
+
+def spark_sql_baseline(
+    bodies: list[bytes], queues: int, engine: EngineSettings
+) -> dict[str, float]:
+    """Spark's own WordCount over ``bodies`` (``limits.spark_sql_wordcount``), with the
+    engine's master, shuffle queues as shuffle partitions, driver memory and Spark conf.
+
+    In a process of its own (spawned: a fresh interpreter, no state forked from
+    this one), run before our instance. A SparkSession in this process would
+    either launch the JVM our instance later reuses, with the baseline's conf
+    and a heap full of its garbage, or be the active session our instance takes
+    over (``Instance._session`` reuses one); a stopped session also leaves the
+    JVM, its loaded classes and JIT, warmer than when ours runs alone. The
+    subprocess's JVM, memory and threads are gone before ours is measured
+    (``warm_spark``, untimed, runs in between), so ours runs exactly as without
+    the baseline, and the baseline as if alone too.
+    """
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=_stdout_to_stderr) as pool:
+        return pool.submit(
+            spark_sql_wordcount,
+            bodies,
+            queues,
+            engine.shuffle_queues,
+            engine.spark_master,
+            {"spark.driver.memory": engine.driver_memory, **engine.spark_conf},
+        ).result()
+
+
+def _stdout_to_stderr() -> None:
+    """In the baseline's process: whatever it or its JVM prints goes to stderr, so
+    ``--json`` still prints one object alone on stdout."""
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
 
 def marked(bodies: list[bytes]) -> list[bytes]:
@@ -162,17 +213,29 @@ def main() -> None:
     )
     say(f"baseline raw read + count (Counter, one process): {raw:.0f} lines/s")
 
+    spark_sql = spark_sql_baseline(bodies, args.queues, engine)
+    figures["spark_sql_wordcount"] = spark_sql
+    figures["spark_sql_lines_per_s"] = spark_sql["lines_per_s"]
+    say(
+        f"Spark SQL WordCount (files, JVM-native): {spark_sql['lines_per_s']:.0f} lines/s "
+        f"in {spark_sql['seconds']:.2f} s ({args.queues} files read in "
+        f"{spark_sql['input_partitions']:.0f} tasks, {spark_sql['shuffle_partitions']:.0f} "
+        f"shuffle partitions, {engine.spark_master}; counts equal Counter's)"
+    )
+
     warm_spark(settings, engine, wordcount.build)
 
     pre = run_instance(wordcount.build(job, src, f"{job}-out"), settings, engine, args.lines)
     figures["pre_lines_per_s"] = pre.records_per_s
     figures["pre_ratio"] = pre.records_per_s / raw
+    figures["pre_spark_sql_ratio"] = pre.records_per_s / spark_sql["lines_per_s"]
     figures["pre_shuffle"] = shuffle_figures(pre)
     figures["pre_batches"] = pre.batches
     say(
         f"pre-produced: {pre.records_per_s:.0f} lines/s in {pre.seconds:.2f} s = "
         f"{100 * figures['pre_ratio']:.1f} % of raw read + count (target >= 25 %)"
     )
+    say(f"  ours / Spark SQL: {figures['pre_spark_sql_ratio']:.2f}x")
     say(_shuffle_line(pre))
 
     job = unique("bench-wc-live")
@@ -189,6 +252,7 @@ def main() -> None:
     figures["live_sent_lines_per_s"] = sent.msgs_per_s * args.lines_per_message
     figures["live_raw_read_count_lines_per_s"] = raw_live
     figures["live_ratio"] = live.records_per_s / raw_live
+    figures["live_spark_sql_ratio"] = live.records_per_s / spark_sql["lines_per_s"]
     figures["live_shuffle"] = shuffle_figures(live)
     figures["live_batches"] = live.batches
     say(
@@ -196,6 +260,7 @@ def main() -> None:
         f"(sent in {sent.seconds:.2f} s) = {100 * figures['live_ratio']:.1f} % of raw "
         f"read + count on its topic ({raw_live:.0f} lines/s) (target >= 25 %)"
     )
+    say(f"  ours / Spark SQL: {figures['live_spark_sql_ratio']:.2f}x")
     say(_shuffle_line(live))
 
     best = max(pre.records_per_s, live.records_per_s)

@@ -5,6 +5,9 @@
 #   bash infra/dev.sh bench wordcount   set up, start the broker, run one benchmark
 #   bash infra/dev.sh cluster start|stop|status   a local RocketMQ cluster: name server,
 #                                        broker-a master + slave, broker-b master
+#   bash infra/dev.sh prod-like [up|down|status]   the production-shaped deployment:
+#                                        Postgres, RocketMQ cluster with ACL, 2-worker Spark,
+#                                        Dagster webserver + daemon, WordCount fed live
 # Setup is idempotent: system packages (Java 17, Maven; for `test` also Debian's
 # Chromium, for the UI test) only if missing, a project-local virtualenv in .venv,
 # the project installed editable into it.
@@ -43,6 +46,14 @@ need_system_packages() {
   if ((${#missing[@]})); then
     apt_install "install Java 17 and Maven" "${missing[@]}"
   fi
+}
+
+# PostgreSQL for the production-shaped deployment (and its test): Debian's server
+# binaries live under /usr/lib/postgresql/<version>/bin, off PATH.
+need_postgres() {
+  command -v pg_ctl >/dev/null 2>&1 && return
+  ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && return
+  apt_install "install PostgreSQL's server (Debian: apt-get install postgresql)" postgresql
 }
 
 # The UI test (tests/browser) drives a headless system Chromium with Playwright
@@ -100,6 +111,7 @@ case "${1:-}" in
   test)
     setup
     need_browser
+    need_postgres
     log "ruff"; ruff check .
     log "mypy"; mypy
     # The slowest tests, so CI shows where its time limit goes.
@@ -116,6 +128,11 @@ case "${1:-}" in
     stream-assets broker start
     python "benchmarks/$name.py" "${@:3}"
     ;;
+  prod-like)
+    setup
+    [ "${2:-up}" = up ] && need_postgres
+    stream-assets deploy "${2:-up}"
+    ;;
   cluster)
     setup
     stream-assets cluster "${@:2}"
@@ -124,6 +141,6 @@ case "${1:-}" in
     setup
     ;;
   *)
-    echo "usage: bash infra/dev.sh main|test|bench <name>|cluster start|stop|status|setup" >&2; exit 2
+    echo "usage: bash infra/dev.sh main|test|bench <name>|cluster start|stop|status|prod-like [up|down|status]|setup" >&2; exit 2
     ;;
 esac

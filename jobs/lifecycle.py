@@ -302,9 +302,12 @@ def _await_heartbeats(
         time.sleep(1.0)
 
 
+# One op each: a step subprocess (the default multiprocess executor) adds nothing but
+# its start and exit, 10-30 s apiece on a busy host.
 @dg.job(
     name=STOP_JOB,
     description="Stop a topology: no instance runs, offsets and state kept; start resumes it.",
+    executor_def=dg.in_process_executor,
 )
 def stop_topology_job() -> None:
     """Stop a registered topology."""
@@ -314,6 +317,7 @@ def stop_topology_job() -> None:
 @dg.job(
     name=START_JOB,
     description="Start a stopped topology again (or deploy it with its default instance count).",
+    executor_def=dg.in_process_executor,
 )
 def start_topology_job() -> None:
     """Start a registered topology."""

@@ -4,6 +4,7 @@ Examples::
 
     stream-assets broker start          # resolve + start the local RocketMQ
     stream-assets cluster start         # a local cluster: broker-a master + slave, broker-b
+    stream-assets deploy up             # the production-shaped deployment (docs/deployment.md)
     stream-assets topic create orders --queues 8
     stream-assets topic offsets orders
     stream-assets roundtrip             # produce and read back, printing what it did
@@ -49,6 +50,20 @@ def _cluster(args: argparse.Namespace) -> int:
         status = cluster.status()
         print(status.describe())
         return 0 if status.serving else 3
+    return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from stream_assets.deploy.prod_like import ProdLike
+
+    deployment = ProdLike()
+    if args.action == "up":
+        timings = deployment.up()
+        print(f"production-shaped deployment up in {max(timings.values()):.0f} s: {timings}")
+    elif args.action == "down":
+        deployment.down()
+    else:
+        print(deployment.status())
     return 0
 
 
@@ -187,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("action", choices=["start", "stop", "status"])
     cluster.set_defaults(func=_cluster)
+
+    deploy = sub.add_parser(
+        "deploy",
+        help="the production-shaped deployment on this machine: Postgres, a RocketMQ cluster "
+        "with ACL, a 2-worker Spark cluster, Dagster webserver + daemon, WordCount fed live "
+        "(settings: STREAM_ASSETS_DEPLOY_*; docs/deployment.md)",
+    )
+    deploy.add_argument("action", choices=["up", "down", "status"])
+    deploy.set_defaults(func=_deploy)
 
     topic = sub.add_parser("topic", help="create a topic or show its queue offsets")
     topic.add_argument("action", choices=["create", "offsets"])

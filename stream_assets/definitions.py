@@ -6,7 +6,7 @@ job the supervisor launches, the scale, reset, stop and start jobs, the
 supervisor and alert sensors, and the topology's scale schedules. Observability:
 the topology checks (lag, dead letters, output freshness) with the sensor and
 job that evaluate them, and the metrics sensor that observes the topology, sink
-and source assets with topology totals (README, "Metrics and checks").
+and source assets with topology totals (docs/operating.md, "Metrics and checks").
 """
 
 import warnings

@@ -487,3 +487,80 @@ class ClusterSettings(BaseSettings):
     def namesrv_addr(self) -> str:
         """The address clients use to reach the cluster's name server."""
         return f"{self.host}:{self.namesrv_port}"
+
+
+class DeploySettings(BaseSettings):
+    """The production-shaped deployment on one machine (env prefix ``STREAM_ASSETS_DEPLOY_``).
+
+    Every component on ports of its own, clear of the dev broker, the local cluster and
+    the test fixtures, so it can run beside them, and below Linux's ephemeral range
+    (32768+), where any outgoing connection may hold a port; each host's directory under
+    ``home``.
+    Secrets are not settings here: they are generated once into ``<home>/secrets.env``.
+
+    Example::
+
+        >>> s = DeploySettings(webserver_port=3400)
+        >>> s.namesrv_addr, s.spark_master_url, s.webserver_url
+        ('127.0.0.1:23876', 'spark://127.0.0.1:27077', 'http://127.0.0.1:3400')
+    """
+
+    model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_DEPLOY_", extra="ignore")
+
+    home: Path | None = Field(
+        default=None, description="Every host's directory under it (default .local/prod-like)."
+    )
+    host: str = Field(default="127.0.0.1", description="Address every service binds to.")
+    postgres_port: int = Field(default=25432, gt=0, lt=65536)
+    namesrv_port: int = Field(default=23876, gt=0, lt=65536)
+    broker_a_master_port: int = Field(default=24911, gt=2, lt=65535)
+    broker_a_slave_port: int = Field(default=25911, gt=2, lt=65535)
+    broker_b_master_port: int = Field(default=26911, gt=2, lt=65535)
+    spark_master_port: int = Field(default=27077, gt=0, lt=65536)
+    spark_ui_port: int = Field(default=28080, gt=0, lt=65536)
+    spark_workers: int = Field(default=2, gt=0)
+    spark_worker_cores: int = Field(
+        default=2, gt=0, description="Cores per worker: one per instance it should host."
+    )
+    spark_worker_memory: str = Field(default="2g")
+    instance_cores: int = Field(
+        default=1,
+        gt=0,
+        description="Executors (of one core) per instance (spark.cores.max): the master "
+        "spreads instances over the workers, so queues moving between instances move "
+        "between machines.",
+    )
+    webserver_port: int = Field(default=3300, gt=0, lt=65536)
+    metrics_port: int = Field(
+        default=9550, ge=0, lt=65536, description="Instance i serves Prometheus on this + i."
+    )
+    topology: str = Field(default="wordcount", description="The topology deployed.")
+    instances: int = Field(default=2, ge=0, description="Instances it is scaled to.")
+    source_queues: int = Field(default=8, gt=0, description="Queues of its source topic.")
+    feed_lines_per_s: float = Field(
+        default=200.0, ge=0, description="Live input into the source topic; 0: none."
+    )
+    app_user: str = Field(
+        default="stream-assets-app", description="The RocketMQ (non-admin) user topologies run as."
+    )
+    admin_user: str = Field(default="rocketmq-admin", description="The RocketMQ super user.")
+    feeder_user: str = Field(
+        default="stream-assets-feeder",
+        description="The RocketMQ user the live input signs as (publish to the sources only).",
+    )
+
+    def resolved_home(self) -> Path:
+        """The deployment home, defaulting under the project-local dir."""
+        return (self.home or local_dir() / "prod-like").resolve()
+
+    @property
+    def namesrv_addr(self) -> str:
+        return f"{self.host}:{self.namesrv_port}"
+
+    @property
+    def spark_master_url(self) -> str:
+        return f"spark://{self.host}:{self.spark_master_port}"
+
+    @property
+    def webserver_url(self) -> str:
+        return f"http://{self.host}:{self.webserver_port}"

@@ -51,7 +51,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +64,7 @@ from typing import IO, Any
 
 import pytest
 
+from stream_assets.deploy.spark_standalone import java_home, pyspark_home
 from tests.integration._util import free_port
 
 HOST = "127.0.0.1"
@@ -79,23 +79,6 @@ def venv_python() -> str:
     """The project's venv python (executors must run it: DESIGN.md section 8)."""
     candidate = PROJECT_ROOT / ".venv" / "bin" / "python"
     return str(candidate) if candidate.exists() else sys.executable
-
-
-def pyspark_home() -> Path:
-    """The installed pyspark package: it is a Spark distribution (bin/, jars/)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
-def java_home() -> str:
-    """JAVA_HOME from the environment, else the JDK of the ``java`` on PATH."""
-    if os.environ.get("JAVA_HOME"):
-        return os.environ["JAVA_HOME"]
-    java = shutil.which("java")
-    if java is None:
-        raise RuntimeError("no JAVA_HOME and no java on PATH")
-    return str(Path(java).resolve().parent.parent)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
@@ -131,3 +132,19 @@ def dagster_deployment(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def sensor_ticks(instance: dg.DagsterInstance, sensor: str, after: float) -> int:
+    """Completed ticks of ``sensor`` that began after ``after`` (epoch seconds)."""
+    count = 0
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.instigator_name != sensor:
+            continue
+        ticks = instance.get_ticks(
+            state.instigator_origin_id,
+            state.selector_id,
+            after=after,
+            statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED],
+        )
+        count += len(ticks)
+    return count

@@ -24,6 +24,7 @@ from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
+from stream_assets.state.records import Delta, decode_record, is_void
 from tests.integration._util import wait_for
 
 T = TypeVar("T")
@@ -176,6 +177,29 @@ def read_topic(admin: RocketMQAdmin, topic: str) -> list[Record]:
         reader.close()
 
 
+def state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[str, list[str]]:
+    """Per state queue (``broker:queue``), the writer of each valid commit, in commit order.
+
+    Two instances never own a queue at once when each writer's commits form one
+    contiguous block (a killed run's replacement is a new writer after it).
+    """
+    reader = QueueReader(admin, group=unique("it-state-writers"))
+    out: dict[str, list[str]] = {}
+    try:
+        for queue in admin.queues(state_topic):
+            writers: list[str] = []
+            for record in reader.read(queue, admin.min_offset(queue)):
+                decoded = decode_record(record.body)
+                if is_void(decoded, record.queue_offset):
+                    continue
+                if isinstance(decoded, Delta) and decoded.part == 0 and decoded.meta is not None:
+                    writers.append(decoded.meta.writer)
+            out[f"{queue.broker_name}:{queue.queue_id}"] = writers
+    finally:
+        reader.close()
+    return out
+
+
 def latest_by_message_key(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
     """JSON bodies by the engine's message key (``record.keys[-1]``), the last stored copy
     winning.
@@ -194,7 +218,7 @@ def latest_by_message_key(records: Sequence[Record]) -> dict[str, dict[str, Any]
 def current_results(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
     """For an unwindowed sink: per result key, the body of its highest version.
 
-    What README tells a consumer: the engine's key of an update is
+    What docs/guarantees.md tells a consumer: the engine's key of an update is
     ``job/operator/<result key>/v<version>/<position>``; keep the last copy per
     message key, and per result key the highest version is the current value.
     """

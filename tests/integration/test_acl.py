@@ -15,7 +15,6 @@ The credentials below are throwaway values for this test broker only.
 from __future__ import annotations
 
 import collections
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -44,25 +43,7 @@ ADMIN_USER = "stream-assets-test-admin"
 #: Test-only: the super user initAuthenticationUser creates on the broker's first start.
 ADMIN_PASSWORD = "acl-test-admin-Secret-1"
 #: The broker.conf keys of docs/acl.md.
-ACL_CONF = {
-    "authenticationEnabled": "true",
-    "authenticationProvider": (
-        "org.apache.rocketmq.auth.authentication.provider.DefaultAuthenticationProvider"
-    ),
-    "authenticationMetadataProvider": (
-        "org.apache.rocketmq.auth.authentication.provider.LocalAuthenticationMetadataProvider"
-    ),
-    "authorizationEnabled": "true",
-    "authorizationProvider": (
-        "org.apache.rocketmq.auth.authorization.provider.DefaultAuthorizationProvider"
-    ),
-    "authorizationMetadataProvider": (
-        "org.apache.rocketmq.auth.authorization.provider.LocalAuthorizationMetadataProvider"
-    ),
-    "initAuthenticationUser": json.dumps(
-        {"username": ADMIN_USER, "password": ADMIN_PASSWORD}, separators=(",", ":")
-    ),
-}
+ACL_CONF = acl.broker_conf(ADMIN_USER, SecretStr(ADMIN_PASSWORD))
 #: A check must answer this fast: the refused start of the issue took 139 s.
 FAIL_FAST_S = 5.0
 CATCH_UP_S = 240.0

@@ -11,19 +11,16 @@ in this process against the same instance.
 from __future__ import annotations
 
 import collections
-import os
 import random
-import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 import pytest
 
-from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
+from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.lineage import topic_asset_key
 from stream_assets.control.registry import (
     GENERATION_TAG,
@@ -34,11 +31,16 @@ from stream_assets.control.registry import (
 from stream_assets.jobs.supervisor import failure_message, instance_runs
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
-from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.settings import RocketMQSettings
-from stream_assets.state.records import Delta, decode_record, is_void
 from tests.integration._dagster_env import dagster_deployment
-from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
+from tests.integration._engine_util import (
+    Message,
+    final_counts,
+    produce,
+    read_topic,
+    state_writers,
+    wait_until,
+)
 from tests.integration._faults import RESTART_LINE, arm, held_back, slow_query_start_site
 from tests.integration._load import cpu_hog
 from tests.integration._run_logs import run_log, spark_noise
@@ -217,39 +219,19 @@ def _query_restarts(instance: dg.DagsterInstance, name: str) -> dict[str, int]:
     return out
 
 
-def _state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[int, list[str]]:
-    """Per state queue, the writer of each valid commit, in commit order."""
-    reader = QueueReader(admin, group=f"it-dg-writers-{uuid.uuid4().hex[:6]}")
-    out: dict[int, list[str]] = {}
-    try:
-        for queue in admin.queues(state_topic):
-            writers: list[str] = []
-            for record in reader.read(queue, admin.min_offset(queue)):
-                decoded = decode_record(record.body)
-                if is_void(decoded, record.queue_offset):
-                    continue
-                if isinstance(decoded, Delta) and decoded.part == 0 and decoded.meta is not None:
-                    writers.append(decoded.meta.writer)
-            out[queue.queue_id] = writers
-    finally:
-        reader.close()
-    return out
-
-
-# Two scales (one with slow query starts, one with a kill -9 in its run phase), each
-# launching Spark JVMs beside the hog: on 2 busy cores this can outlast the suite's
-# 15-minute default.
+# Two scales, launching Spark JVMs beside the hog: on 2 busy cores this can outlast the
+# suite's 15-minute default. (A kill -9 in a scale's run phase, and a queue never having
+# two writers through it, are tests/integration/test_prod_like.py's.)
 @pytest.mark.timeout(1500)
-def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
+def test_scale_under_load_with_slow_starts_keeps_counts_exact(
     dagster_env: dict[str, Any],
     admin: RocketMQAdmin,
     client_settings: RocketMQSettings,
     report: Any,
 ) -> None:
-    """Beside a CPU hog, 1 -> 3 with query starts slower than the heartbeat timeout, then
-    3 -> 2 with a kill -9 of a staying instance in the run phase: both scales complete,
-    no instance is terminated as hung, surviving instances keep their run (in place), the
-    killed one is replaced exactly once, no queue ever has two writers; counts exact."""
+    """Beside a CPU hog, 1 -> 3 with query starts slower than the heartbeat timeout: the
+    scale completes, no instance is terminated as hung, instance 0 keeps its run (in
+    place), no queue ever has two writers; counts exact."""
     name, instance = dagster_env["name"], dagster_env["instance"]
     source, sink = f"{name}-in", f"{name}-out"
     admin.create_topic(source, 4)
@@ -273,44 +255,20 @@ def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
         assert 0 < md["pause_s"] <= bound, f"{md}\n" + _why_failed(grown, instance, name)
         after = _runs_by_index(instance, name)
         assert sorted(after) == ["0", "1", "2"] and after["0"] == before["0"], (before, after)
-        # 3 -> 2, and instance 1 (which stays) is killed once the run phase began.
-        victim = after["1"]
-        pid = heartbeats(instance, [victim])[victim].pid
-        shrunk: list[dg.ExecuteInProcessResult] = []
-        scaling = threading.Thread(target=lambda: shrunk.append(_scale(instance, 2, name)))
-        scaling.start()
-        store = DesiredStateStore(instance)
-        wait_until(
-            lambda: _in_run_phase(store.get(name), 2) or not scaling.is_alive(),
-            900,
-            "the 3 -> 2 scale's run phase",
-            poll_s=0.1,
-        )
-        os.kill(pid, signal.SIGKILL)
-        scaling.join(1200)
-        assert shrunk and shrunk[0].success, _why_failed(shrunk[0], instance, name)
-        final = _runs_by_index(instance, name)
-        assert sorted(final) == ["0", "1"] and final["0"] == after["0"], (after, final)
-        assert final["1"] != victim
     everything += paced.sent
-    replacements = [
-        r.run_id
-        for r in instance_runs(instance, name, list(dg.DagsterRunStatus))
-        if r.tags[INSTANCE_INDEX_TAG] == "1" and r.run_id not in (before.get("1"), victim)
-    ]
-    assert replacements == [final["1"]], replacements
-    # Nothing was judged hung: the only failed run is the one killed.
+    # Nothing was judged hung: no run failed, none was replaced.
     failed = instance_runs(instance, name, [dg.DagsterRunStatus.FAILURE])
-    assert [r.run_id for r in failed] == [victim], [
-        (r.run_id, failure_message(instance, r.run_id)) for r in failed
-    ]
+    assert failed == [], [(r.run_id, failure_message(instance, r.run_id)) for r in failed]
+    assert sorted(
+        r.run_id for r in instance_runs(instance, name, list(dg.DagsterRunStatus))
+    ) == sorted(after.values())
     # Runs say which generation they serve; the scale runs which topology they changed.
-    generation = _metadata(shrunk[0])["generation"]
+    generation = md["generation"]
     for run in instance_runs(instance, name):
         assert run.tags[GENERATION_TAG] == str(generation), (run.run_id, run.tags)
-    scale_run = instance.get_run_by_id(shrunk[0].run_id)
+    scale_run = instance.get_run_by_id(grown.run_id)
     assert scale_run is not None and scale_run.tags.get(TOPOLOGY_TAG) == name
-    said = [e.user_message for e in instance.all_logs(shrunk[0].run_id)]
+    said = [e.user_message for e in instance.all_logs(grown.run_id)]
     assert any("phase 'run': instance 0 runs the new allocation" in m for m in said), said
     wait_until(
         lambda: _drained(admin, name, [source, shuffle]), 600, "every queue drained", poll_s=1.0
@@ -319,24 +277,23 @@ def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
     wait_until(lambda: final_counts(read_topic(admin, sink)) == dict(expected), 120, "exact counts")
     # No two instances ever owned a queue at once: its writers take turns, each one
     # contiguous block of commits (a killed run's replacement is a new writer after it).
-    for queue, writers in _state_writers(admin, topology.state_topics[0]).items():
+    for queue, writers in state_writers(admin, topology.state_topics[0]).items():
         turns = [w for i, w in enumerate(writers) if i == 0 or writers[i - 1] != w]
         assert len(turns) == len(set(turns)), f"queue {queue}: writers interleave: {turns}"
     observed = instance.fetch_observations(topic_asset_key(sink), limit=5).records
     assert observed, "instances report their sink topic as asset observations"
-    # Instance 0 ran all along (minutes of input, two releases and restarts of its
+    # Instance 0 ran all along (a minute or more of input, a release and restart of its
     # queries) with the engine's own Spark configuration: its log is its own lines.
-    messages, captured = run_log(instance, final["0"])
+    messages, captured = run_log(instance, after["0"])
     assert "run_instance" in captured, captured[-2000:]
-    record = instance.get_run_record_by_id(final["0"])
+    record = instance.get_run_record_by_id(after["0"])
     assert record is not None and record.start_time is not None
-    assert time.time() - record.start_time >= 120, "instance 0 ran less than 2 minutes"
+    assert time.time() - record.start_time >= 60, "instance 0 ran less than a minute"
     noise = spark_noise(messages) + spark_noise(captured)
     assert not noise, f"{len(noise)} lines of Spark noise, first ones:\n" + "\n".join(noise[:40])
     report(
         f"scale under a 2-process CPU hog: 1 -> 3 with two query starts of {SLOW_START_S:.0f} s "
-        f"(heartbeat timeout 20 s): pause {md['pause_s']} s, scale {md['scale_s']} s; 3 -> 2 "
-        f"with a kill -9 in its run phase: scale {_metadata(shrunk[0])['scale_s']} s; query "
+        f"(heartbeat timeout 20 s): pause {md['pause_s']} s, scale {md['scale_s']} s; query "
         "restarts per run (Spark's Python worker late): "
         f"{_query_restarts(instance, name) or 'none'}"
     )
@@ -345,13 +302,3 @@ def test_scale_under_load_with_slow_starts_and_a_kill_keeps_counts_exact(
 def _runs_by_index(instance: dg.DagsterInstance, name: str) -> dict[str, str]:
     """The unfinished instance run of each index of ``name`` (index as tagged, run id)."""
     return {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, name)}
-
-
-def _in_run_phase(state: DesiredState | None, instances: int) -> bool:
-    allocation = state.allocation if state is not None else None
-    return (
-        state is not None
-        and state.phase == "run"
-        and allocation is not None
-        and allocation.instances == instances
-    )

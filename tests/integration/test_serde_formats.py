@@ -48,9 +48,9 @@ CATCH_UP_S = 240.0
 
 
 def _current(records: Sequence[Record], decode: Callable[[bytes], Any]) -> dict[Any, Any]:
-    """Per result key, the decoded body of its highest version (what README tells consumers:
-    keep the last copy per message key ``job/op/<result key>/v<version>/<pos>``, and per
-    result key the highest version is current)."""
+    """Per result key, the decoded body of its highest version (what docs/guarantees.md
+    tells consumers: keep the last copy per message key ``job/op/<result key>/v<version>/
+    <pos>``, and per result key the highest version is current)."""
     last = {r.keys[-1]: r.body for r in records}
     best: dict[str, tuple[int, bytes]] = {}
     for message_key, body in last.items():

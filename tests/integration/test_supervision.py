@@ -1,11 +1,12 @@
-"""Supervision with a real Dagster daemon, broker and Spark: kill, hang, cancel, stop, start.
+"""Supervision with a real Dagster daemon, broker and Spark: kill, hang, cancel.
 
 A temporary DAGSTER_HOME with the project's instance config and a real
 ``dagster-daemon`` over the real code location (a WordCount registered under a
 fresh name through ``STREAM_ASSETS_TOPOLOGIES``), the supervisor and alert
 sensors ticking every 2 s, and an alert hook that writes to a file. Instance
 runs are real runs of the default run launcher, each with its SparkSession.
-The stop and start jobs run in this process against the same instance.
+(Stop and start are proven on the production-shaped deployment:
+tests/integration/test_prod_like.py.)
 
 Every wait is for an event (a run status, a heartbeat, sensor ticks, drained
 queues) with a deadline; "nothing happens" is checked over a number of
@@ -28,9 +29,8 @@ from typing import Any
 import dagster as dg
 import pytest
 import sqlalchemy.exc
-from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
-from stream_assets.control.desired_state import DesiredStateStore, heartbeats
+from stream_assets.control.desired_state import heartbeats
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
 from stream_assets.jobs.checks import crash_check_key
@@ -43,7 +43,7 @@ from stream_assets.jobs.supervisor import (
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import RocketMQSettings, SupervisorSettings
 from tests.integration._alert_hook import recorded
-from tests.integration._dagster_env import dagster_deployment
+from tests.integration._dagster_env import dagster_deployment, sensor_ticks
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
 
 pytestmark = pytest.mark.integration
@@ -169,27 +169,11 @@ def _await_beating(env: Env, index: int, what: str, other_than: str = "") -> dg.
     return run
 
 
-def _ticks(env: Env, sensor: str, after: float) -> int:
-    """Completed ticks of ``sensor`` that began after ``after`` (epoch seconds)."""
-    count = 0
-    for state in env.instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.instigator_name != sensor:
-            continue
-        ticks = env.instance.get_ticks(
-            state.instigator_origin_id,
-            state.selector_id,
-            after=after,
-            statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED],
-        )
-        count += len(ticks)
-    return count
-
-
 def _await_ticks(env: Env, count: int, sensor: str = "supervisor_sensor") -> None:
     """Wait until ``sensor`` completed ``count`` ticks from now."""
     since = datetime.now(UTC).timestamp()
     wait_until(
-        lambda: _ticks(env, sensor, since) >= count,
+        lambda: sensor_ticks(env.instance, sensor, since) >= count,
         60 + count * TICK_S * 5,
         f"{count} ticks of {sensor} (is the daemon up? see {env.home / 'daemon.log'})",
         poll_s=0.5,
@@ -390,36 +374,3 @@ def test_a_canceling_run_is_never_doubled(env: Env, admin: RocketMQAdmin) -> Non
     replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=target.run_id)
     assert [r.run_id for r in _unfinished(env)] == [replacement.run_id]
     env.feed(2, 500)
-
-
-def test_stop_launches_nothing_and_start_resumes_with_exact_counts(
-    env: Env, admin: RocketMQAdmin
-) -> None:
-    env.feed(3, 1000)
-    _counts_exact(env, admin, "before the stop")
-    before = final_counts(read_topic(admin, env.sink))
-    running = [r.run_id for r in _unfinished(env)]
-    assert running
-
-    stopped = _job("stop_topology_job", env.instance, topology=env.name, stop_timeout_s=180)
-    assert stopped.success
-    assert _unfinished(env) == []
-    # One documented way for every run a stop ends: it finishes its batch and succeeds.
-    assert {r: _status(env, r) for r in running} == dict.fromkeys(
-        running, dg.DagsterRunStatus.SUCCESS
-    )
-    stop_run = env.instance.get_run_by_id(stopped.run_id)
-    assert stop_run is not None and stop_run.tags.get(TOPOLOGY_TAG) == env.name
-    state = DesiredStateStore(env.instance).get(env.name)
-    assert state is not None and state.target_instances == 0 and state.allocation is not None
-    env.feed(4, 1000)  # arrives while stopped
-    _await_ticks(env, 3)
-    assert _unfinished(env) == [], "the supervisor launched a run of a stopped topology"
-    assert final_counts(read_topic(admin, env.sink)) == before
-
-    started = _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
-    assert started.success
-    resumed = DesiredStateStore(env.instance).get(env.name)
-    assert resumed is not None and resumed.allocation == state.allocation
-    assert resumed.target_instances == state.allocation.instances
-    _counts_exact(env, admin, "after the start")

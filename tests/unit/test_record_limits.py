@@ -97,7 +97,7 @@ def assert_a_broker_takes_everything(driver: TopologyTestDriver, limit: int) -> 
 
 
 def current_counts(driver: TopologyTestDriver) -> tuple[dict[str, int], dict[str, str]]:
-    """Per word, the count of its highest version (what README tells a consumer), and
+    """Per word, the count of its highest version (what docs/guarantees.md tells a consumer), and
     per word the result part of its message keys."""
     best: dict[str, tuple[int, dict[str, Any]]] = {}
     for record in driver.output_records():

@@ -395,7 +395,7 @@ def _version(record: Record) -> tuple[str, int]:
 
 
 def _current_values(records: list[Record]) -> dict[Any, Any]:
-    """What README tells a consumer of an unwindowed sink to do: per message key
+    """What docs/guarantees.md tells a consumer of an unwindowed sink to do: per message key
     (the last key) keep the last copy; per result key the highest version is current."""
     by_message_key = {r.keys[-1]: r for r in records}
     current: dict[str, tuple[int, Any]] = {}

@@ -1,0 +1,255 @@
+"""The production-shaped deployment end to end, brought up as `bash infra/dev.sh prod-like` does.
+
+Every component real and a service of its own (stream_assets/deploy/): PostgreSQL as
+Dagster's storage, the Dagster webserver and daemon (not ``dg dev``), a Spark
+standalone master with two workers whose disks are their own, and a RocketMQ cluster
+of two broker groups (one with a slave) with ACL 2.0 on, topologies running as a
+non-admin user. WordCount is deployed through the scale job over the webserver's
+GraphQL API while a feeder process writes live input; then scaled 1 -> 2 with a
+kill -9 of the staying instance in the scale's run phase, stopped (nothing launched,
+nothing written while stopped) and started again. The reference answer is
+``collections.Counter`` over every line the source topic holds, read back from the
+brokers; the runs are read from PostgreSQL directly.
+
+Ports are the deployment's defaults moved by 1 or 10, so a `prod-like` deployment a
+developer left running is not disturbed; everything lives under a temporary home.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import psycopg2
+import pytest
+
+from stream_assets.control.desired_state import DesiredStateStore, heartbeats
+from stream_assets.control.registry import INSTANCE_INDEX_TAG, TOPOLOGY_TAG
+from stream_assets.deploy.prod_like import ProdLike
+from stream_assets.jobs.supervisor import instance_runs
+from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.settings import DeploySettings, local_dir
+from tests.integration._dagster_env import sensor_ticks
+from tests.integration._engine_util import final_counts, read_topic, state_writers, wait_until
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = "wordcount"
+#: Supervisor ticks here (production default: 15 s).
+TICK_S = 3
+
+
+@pytest.fixture
+def deployment(report: Any) -> Iterator[ProdLike]:
+    """The deployment, up with one WordCount instance and live input; down at the end."""
+    # Not under pytest's tmp dir: PostgreSQL runs as its own user, who cannot enter it.
+    home = local_dir() / "test-prod-like"
+    shutil.rmtree(home, ignore_errors=True)
+    settings = DeploySettings(
+        home=home,
+        postgres_port=25433,
+        namesrv_port=23877,
+        broker_a_master_port=24921,
+        broker_a_slave_port=25921,
+        broker_b_master_port=26921,
+        spark_master_port=27078,
+        spark_ui_port=28081,
+        webserver_port=3301,
+        metrics_port=9650,
+        instances=1,
+        feed_lines_per_s=30,
+    )
+    d = ProdLike(
+        settings,
+        progress=lambda line: None,
+        dagster_env={
+            "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": str(TICK_S),
+            # Up to 2 instances beside 11 JVMs on 2 cores: a batch a second per stage
+            # leaves CPU for the instances that start.
+            "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "1000",
+        },
+    )
+    try:
+        timings = d.up()
+        report(
+            f"production-shaped deployment up (cold) in {max(timings.values()):.0f} s: {timings}"
+        )
+        yield d
+    finally:
+        d.down()
+
+
+def _runs(instance: dg.DagsterInstance) -> dict[str, str]:
+    """The unfinished instance run of each index, by index."""
+    return {r.tags[INSTANCE_INDEX_TAG]: r.run_id for r in instance_runs(instance, TOPOLOGY)}
+
+
+def _beating(instance: dg.DagsterInstance, want: int) -> dict[str, str] | None:
+    """The runs by index once ``want`` indexes run and every one has heartbeaten."""
+    runs = _runs(instance)
+    beats = heartbeats(instance, runs.values())
+    return runs if len(runs) == want and all(r in beats for r in runs.values()) else None
+
+
+def _drained(admin: RocketMQAdmin, topics: list[str]) -> bool:
+    return all(
+        (admin.query_consumer_offset(TOPOLOGY, q) or 0) >= admin.max_offset(q)
+        for topic in topics
+        for q in admin.queues(topic)
+    )
+
+
+def _expected(admin: RocketMQAdmin, source: str) -> dict[str, int]:
+    """collections.Counter of every word of every line the source topic holds."""
+    words = collections.Counter(
+        w for record in read_topic(admin, source) for w in record.body.decode().split()
+    )
+    return dict(words)
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def _postgres_run_ids(d: ProdLike) -> set[str]:
+    """Run ids in Dagster's run storage, read from PostgreSQL itself."""
+    s = d.settings
+    with (
+        contextlib.closing(
+            psycopg2.connect(
+                host=s.host,
+                port=s.postgres_port,
+                dbname="dagster",
+                user="dagster",
+                password=d.secrets["DAGSTER_PG_PASSWORD"].get_secret_value(),
+            )
+        ) as conn,
+        conn.cursor() as cur,
+    ):
+        cur.execute("SELECT run_id FROM runs")
+        return {row[0] for row in cur.fetchall()}
+
+
+# The cold start of 11 JVMs and 3 Python services, two scales, a replacement, a stop
+# and a start, on 2 cores.
+@pytest.mark.timeout(1500)
+def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
+    deployment: ProdLike, report: Any
+) -> None:
+    d = deployment
+    topology = d.topology()
+    source, sink = topology.source_topic, topology.sink_topics[0]
+    with d.dagster.instance() as instance, RocketMQAdmin(d.admin_settings()) as admin:
+        first = wait_until(lambda: _beating(instance, 1), 300, "instance 0 heartbeats")
+        assert d.feeder.pid() is not None, "the feeder runs"
+        # Its queues are on both broker groups, and it reads both.
+        assert {q.broker_name for q in admin.queues(source)} == {"broker-a", "broker-b"}
+        wait_until(lambda: read_topic(admin, sink), 300, "the first counts in the sink")
+
+        # 1 -> 2, and instance 0 (which stays) is killed -9 in the scale's run phase.
+        store = DesiredStateStore(instance)
+        scaled: list[str] = []
+        errors: list[BaseException] = []
+
+        def scale() -> None:
+            try:
+                scaled.append(d.scale(2))
+            except BaseException as exc:
+                errors.append(exc)
+
+        scaling = threading.Thread(target=scale)
+        scaling.start()
+
+        def in_run_phase() -> bool:
+            state = store.get(TOPOLOGY)
+            allocation = state.allocation if state is not None else None
+            return bool(
+                state is not None
+                and state.phase == "run"
+                and allocation
+                and allocation.instances == 2
+            )
+
+        wait_until(
+            lambda: in_run_phase() or not scaling.is_alive(), 600, "the scale's run phase", 0.1
+        )
+        victim = first["0"]
+        os.kill(heartbeats(instance, [victim])[victim].pid, signal.SIGKILL)
+        scaling.join(900)
+        assert not errors and scaled, errors
+        after = wait_until(
+            lambda: (r := _beating(instance, 2)) and r["0"] != victim and r, 600, "0 replaced, 1 up"
+        )
+        replacements = [
+            r.run_id
+            for r in instance_runs(instance, TOPOLOGY, list(dg.DagsterRunStatus))
+            if r.tags[INSTANCE_INDEX_TAG] == "0" and r.run_id != victim
+        ]
+        assert replacements == [after["0"]], replacements
+        killed = instance.get_run_by_id(victim)
+        assert killed is not None and killed.status == dg.DagsterRunStatus.FAILURE
+        # One executor each, on different workers: queues moved between machines.
+        workers = (d.spark.master_state() or {}).get("workers", [])
+        assert sorted(w["coresused"] for w in workers if w["state"] == "ALIVE") == [1, 1]
+
+        # Each instance serves its metrics; lag is per queue of both groups.
+        metrics = _scrape(f"http://{d.settings.host}:{d.settings.metrics_port + 1}/metrics")
+        assert 'topology="wordcount"' in metrics and "stream_assets_lag_messages" in metrics
+
+        # Stop: every run ends SUCCESS, nothing is launched or written while stopped.
+        running = list(after.values())
+        stop_run = instance.get_run_by_id(d.stop_topology())
+        assert stop_run is not None and stop_run.tags.get(TOPOLOGY_TAG) == TOPOLOGY
+        assert _runs(instance) == {}
+        assert {r: instance.get_run_by_id(r).status for r in running} == dict.fromkeys(  # type: ignore[union-attr]
+            running, dg.DagsterRunStatus.SUCCESS
+        )
+        state = store.get(TOPOLOGY)
+        assert state is not None and state.target_instances == 0 and state.allocation is not None
+        stopped_sink = final_counts(read_topic(admin, sink))
+        stopped_at = time.time()
+        wait_until(
+            lambda: sensor_ticks(instance, "supervisor_sensor", stopped_at) >= 3,
+            120,
+            "three supervisor ticks",
+            1.0,
+        )
+        assert _runs(instance) == {}, "the supervisor launched a run of a stopped topology"
+        assert final_counts(read_topic(admin, sink)) == stopped_sink
+
+        # Start: the same allocation, every queue back where it was.
+        d.start_topology()
+        resumed = store.get(TOPOLOGY)
+        assert resumed is not None and resumed.allocation == state.allocation
+        assert resumed.target_instances == state.allocation.instances == 2
+        wait_until(lambda: _beating(instance, 2), 600, "both instances heartbeat again")
+
+        d.feeder.stop()
+        topics = [source, *topology.shuffle_topics]
+        wait_until(lambda: _drained(admin, topics), 600, "every queue drained", 1.0)
+        expected = _expected(admin, source)
+        wait_until(
+            lambda: final_counts(read_topic(admin, sink)) == expected, 120, "exact counts", 1.0
+        )
+        # No queue ever had two writers at once: each writer's commits are one block.
+        for queue, writers in state_writers(admin, topology.state_topics[0]).items():
+            turns = [w for i, w in enumerate(writers) if i == 0 or writers[i - 1] != w]
+            assert len(turns) == len(set(turns)), f"queue {queue}: writers interleave: {turns}"
+        all_runs = {r.run_id for r in instance.get_runs()}
+    assert all_runs and all_runs <= _postgres_run_ids(d)
+    report(
+        f"{sum(expected.values())} words over two broker groups with ACL, on 2 Spark workers: "
+        f"exact through 1 -> 2 with a kill -9 in the run phase, a stop and a start; "
+        f"{len(all_runs)} runs in PostgreSQL"
+    )
