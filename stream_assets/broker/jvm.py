@@ -117,9 +117,16 @@ def resolve_classpath(home: Path, version: str, progress: Progress) -> str:
 
 
 def write_conf(path: Path, values: Mapping[str, object]) -> Path:
-    """Write a RocketMQ ``key=value`` config file (booleans as ``true``/``false``)."""
+    """Write a RocketMQ ``key=value`` config file (booleans as ``true``/``false``).
+
+    Readable by its owner only: with ACL on, it holds the initial admin's password
+    and the brokers' inner credentials.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{k}={_conf_value(v)}\n" for k, v in values.items()))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}={_conf_value(v)}\n" for k, v in values.items()))
+    os.chmod(path, 0o600)  # a file written before by an older version keeps its mode
     return path
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stream_assets.broker.jvm import write_conf
 from stream_assets.deploy.daemons import Daemon, DeployError, wait_for
 from stream_assets.deploy.env_files import DEPLOY_DIR, SECRET_NAMES, host_env, load_secrets
 from stream_assets.deploy.prod_like import ProdLike
@@ -117,3 +118,14 @@ def test_brokers_switch_acl_on_with_an_admin_and_inner_credentials(tmp_path: Pat
     assert admin["username"] == d.settings.admin_user
     inner = json.loads(str(conf["innerClientAuthenticationCredentials"]))
     assert inner["secretKey"] == d.secrets["ROCKETMQ_INNER_SECRET"].get_secret_value()
+
+
+def test_broker_config_files_holding_credentials_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "broker.conf"
+    path.write_text("old=1\n")
+    path.chmod(0o644)
+    d = ProdLike(DeploySettings(home=tmp_path / "d"), progress=lambda _: None)
+    node = d.rocketmq.nodes[0]
+    write_conf(path, d.rocketmq.broker_conf(node))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert "initAuthenticationUser=" in path.read_text() and "old=1" not in path.read_text()
