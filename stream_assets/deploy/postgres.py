@@ -7,7 +7,10 @@ server from Debian's ``postgresql`` package, its own data directory and port,
 a database and a login role for Dagster, password-authenticated over TCP.
 
 PostgreSQL refuses to run as root; as root, its commands run as the ``postgres``
-system user (created by the Debian package) and the data directory is theirs.
+system user (created by the Debian package) and the data directory is theirs. If
+that user cannot reach the deployment's home (a parent directory closed to other
+users), the server's directory is ``stream-assets-postgres-<hash of home>`` under
+the system temp dir instead, the same one at every ``up``.
 
 Example::
 
@@ -20,10 +23,12 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import psycopg2
@@ -37,6 +42,14 @@ from stream_assets.deploy.daemons import DeployError
 RUN_AS = "postgres"
 #: The server's superuser role (local socket, trust): only this host's admin uses it.
 SUPERUSER = "postgres"
+
+
+def _reachable_by_server_user(path: Path) -> bool:
+    """Whether the ``postgres`` user can enter ``path``'s nearest existing ancestor (path
+    resolution needs search permission on every directory above it)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    check = ["runuser", "-u", RUN_AS, "--", "test", "-x", str(existing)]
+    return subprocess.run(check, capture_output=True, check=False).returncode == 0
 
 
 def bin_dir() -> Path:
@@ -59,13 +72,24 @@ class PostgresHost:
     """A PostgreSQL server with its data under ``home/data``, listening on 127.0.0.1:port."""
 
     def __init__(self, home: Path, port: int, host: str = "127.0.0.1") -> None:
-        self.home = home.resolve()
+        self.home = self._server_home(home.resolve())
         self.port = port
         self.host = host
         self.data = self.home / "data"
         self.log_file = self.home / "postgres.log"
         # Unix sockets live here, not in /var/run/postgresql (not ours to write).
         self.socket_dir = self.home / "run"
+
+    @staticmethod
+    def _server_home(home: Path) -> Path:
+        """``home``, or, when we are root and the ``postgres`` user cannot reach it (a
+        parent closed to other users, as a mktemp or pytest directory is), a directory
+        of its own under the system temp dir, named after ``home`` so every ``up`` of
+        this deployment finds the same data again."""
+        if os.geteuid() != 0 or _reachable_by_server_user(home):
+            return home
+        digest = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"stream-assets-postgres-{digest}"
 
     def _as_server_user(self, args: list[str]) -> list[str]:
         if os.geteuid() != 0:
@@ -95,15 +119,6 @@ class PostgresHost:
             for p in (path, *path.rglob("*")):
                 os.chown(p, entry.pw_uid, entry.pw_gid)
 
-    def _check_reachable(self) -> None:
-        reach = subprocess.run(self._as_server_user(["test", "-w", str(self.data)]), check=False)
-        if reach.returncode != 0:
-            raise DeployError(
-                f"PostgreSQL runs as '{RUN_AS}', which cannot enter {self.data} (a parent "
-                "directory is closed to other users, as a pytest or mktemp directory is): "
-                "put the deployment's home where other users can reach it"
-            )
-
     def running(self) -> bool:
         """Whether the server of this data directory runs (``pg_ctl status``)."""
         if not (self.data / "PG_VERSION").exists():
@@ -118,7 +133,6 @@ class PostgresHost:
         if not (self.data / "PG_VERSION").exists():
             self.data.mkdir(exist_ok=True)
             self._own(self.home)
-            self._check_reachable()
             self._run(
                 [
                     str(bin_dir() / "initdb"),

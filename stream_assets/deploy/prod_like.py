@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import dagster as dg
-from dagster_graphql import DagsterGraphQLClient
+from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from pydantic import SecretStr
 
 from stream_assets.broker.cluster import LocalCluster
@@ -47,6 +47,7 @@ from stream_assets.deploy.dagster_host import DagsterHost
 from stream_assets.deploy.env_files import DEPLOY_DIR, host_env, load_secrets
 from stream_assets.deploy.postgres import PostgresHost
 from stream_assets.deploy.spark_standalone import SparkStandalone, java_home
+from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq import acl
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import ClusterSettings, ConfValue, DeploySettings, RocketMQSettings
@@ -119,7 +120,8 @@ class ProdLike:
 
     # -- what each host is given ------------------------------------------------------
 
-    def topology(self) -> Any:
+    def topology(self) -> Topology:
+        """The deployed topology (a registered one: an example, or STREAM_ASSETS_TOPOLOGIES)."""
         return registration(self.settings.topology).topology()
 
     def admin_settings(self) -> RocketMQSettings:
@@ -239,14 +241,19 @@ class ProdLike:
         Returns the run id; raises with the run's failure if it did not succeed.
         """
         client = DagsterGraphQLClient(self.settings.host, port_number=self.settings.webserver_port)
-        run_id = client.submit_job_execution(job, run_config=dict(run_config))
         status: list[dg.DagsterRunStatus] = []
+        try:
+            run_id = client.submit_job_execution(job, run_config=dict(run_config))
 
-        def finished() -> bool:
-            status[:] = [client.get_run_status(run_id)]
-            return status[0] in _FINISHED
+            def finished() -> bool:
+                status[:] = [client.get_run_status(run_id)]
+                return status[0] in _FINISHED
 
-        wait_for(finished, timeout_s, f"run {run_id} of {job}", self.dagster.daemon, poll_s=1.0)
+            wait_for(finished, timeout_s, f"run {run_id} of {job}", self.dagster.daemon, poll_s=1.0)
+        except DagsterGraphQLClientError as exc:
+            raise DeployError(
+                f"the Dagster webserver at {self.dagster.url} refused {job}: {exc}"
+            ) from exc
         if status[0] != dg.DagsterRunStatus.SUCCESS:
             raise DeployError(f"{job} run {run_id} ended {status[0].value}: {self._why(run_id)}")
         return run_id

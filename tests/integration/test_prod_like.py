@@ -34,6 +34,7 @@ import pytest
 
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, TOPOLOGY_TAG
+from stream_assets.deploy.postgres import PostgresHost
 from stream_assets.deploy.prod_like import ProdLike
 from stream_assets.jobs.supervisor import instance_runs
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -51,9 +52,10 @@ TICK_S = 3
 @pytest.fixture
 def deployment(report: Any) -> Iterator[ProdLike]:
     """The deployment, up with one WordCount instance and live input; down at the end."""
-    # Not under pytest's tmp dir: PostgreSQL runs as its own user, who cannot enter it.
     home = local_dir() / "test-prod-like"
     shutil.rmtree(home, ignore_errors=True)
+    # PostgreSQL's directory is elsewhere when its user cannot enter the checkout.
+    shutil.rmtree(PostgresHost(home / "postgres", 0).home, ignore_errors=True)
     settings = DeploySettings(
         home=home,
         postgres_port=25433,

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 from stream_assets.broker.jvm import write_conf
 from stream_assets.deploy.daemons import Daemon, DeployError, wait_for
 from stream_assets.deploy.env_files import DEPLOY_DIR, SECRET_NAMES, host_env, load_secrets
+from stream_assets.deploy.postgres import PostgresHost
 from stream_assets.deploy.prod_like import ProdLike
 from stream_assets.settings import DeploySettings
 
@@ -129,3 +131,20 @@ def test_broker_config_files_holding_credentials_are_private(tmp_path: Path) -> 
     write_conf(path, d.rocketmq.broker_conf(node))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert "initAuthenticationUser=" in path.read_text() and "old=1" not in path.read_text()
+
+
+def test_postgres_keeps_its_data_where_its_user_can_reach_it(tmp_path: Path) -> None:
+    """As root, PostgreSQL runs as ``postgres``, who cannot enter a mode-700 directory (a
+    mktemp checkout, pytest's tmp_path): its data then lives in a directory of its own
+    under the temp dir, the same for the same home; elsewhere it stays in the home."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    home = closed / "deploy" / "postgres"
+    host = PostgresHost(home, 1)
+    if os.geteuid() == 0:
+        assert host.home.parent == Path(tempfile.gettempdir())
+        assert host.home.name.startswith("stream-assets-postgres-")
+        assert PostgresHost(home, 1).home == host.home
+        assert PostgresHost(closed / "other", 1).home != host.home
+    else:
+        assert host.home == home.resolve()

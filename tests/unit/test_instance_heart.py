@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import dagster as dg
 import pytest
+import sqlalchemy.exc
 
 from stream_assets.control.desired_state import Heartbeat, heartbeats
 from stream_assets.control.rebalance import RebalanceFollower
@@ -39,12 +40,17 @@ def _heart(instance: dg.DagsterInstance, run_id: str, **config: object) -> Heart
 
 
 def _await_beat(
-    instance: dg.DagsterInstance, run_id: str, accept: object, timeout_s: float = 10.0
+    instance: dg.DagsterInstance, run_id: str, accept: object, timeout_s: float = 30.0
 ) -> Heartbeat:
     """The first stored beat of ``run_id`` that ``accept`` takes (polling the storage)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        beat = heartbeats(instance, [run_id]).get(run_id)
+        try:
+            beat = heartbeats(instance, [run_id]).get(run_id)
+        except sqlalchemy.exc.OperationalError:
+            # The ephemeral instance's in-memory SQLite locks its table while the
+            # heart's thread writes a beat: read again, as the supervisor would.
+            beat = None
         if beat is not None and accept(beat):  # type: ignore[operator]
             return beat
         time.sleep(0.02)
@@ -82,18 +88,22 @@ def test_the_thread_beats_while_the_loop_is_stuck_and_says_in_what(
     """The loop blocks in one step (as a query start does); beats keep coming, naming it."""
     heart = _heart(instance, "run-c", heartbeat_interval_s=0.05)
     heart.follower = RebalanceFollower(StartedInstance(), 0, 1, {"in": [0]})  # type: ignore[arg-type]
+    # Bounds taken around each call, not a tolerance: on a loaded machine the thread
+    # can be descheduled for longer than any fixed one between the call and time().
+    before_loop = time.time()
     heart.looped()
     looped_at = time.time()
     heart.start()
     try:
+        before_busy = time.time()
         with heart.busy("starting the query of stage 1"):
             entered = time.time()
             first = _await_beat(instance, "run-c", lambda b: b.busy != "")
             later = _await_beat(instance, "run-c", lambda b: b.ts > first.ts + 0.2)
         # Beats came while the loop was stuck; its last round stayed where it was.
         assert later.busy == "starting the query of stage 1"
-        assert entered - 0.01 <= later.busy_since <= entered + 0.01
-        assert later.loop_at <= looped_at + 0.01
+        assert before_busy <= later.busy_since <= entered
+        assert before_loop <= later.loop_at <= looped_at
         assert later.stalled_s(later.ts) >= 0.2
         done = _await_beat(instance, "run-c", lambda b: b.busy == "")
         assert done.ts > later.ts
