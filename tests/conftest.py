@@ -31,6 +31,19 @@ def integration_broker_settings() -> BrokerSettings:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``own_deployment`` run first, before any session fixture starts.
+
+    Such a test brings up a whole deployment of its own (11 JVMs and their
+    services); beside the session's idle broker, cluster and SparkSession, which
+    stay up until the session ends, it took twice as long on 2 cores (797 s
+    against 384 s alone).
+    """
+    first = [item for item in items if item.get_closest_marker("own_deployment")]
+    if first:
+        items[:] = first + [item for item in items if item not in first]
+
+
 @pytest.fixture(scope="session")
 def broker() -> Iterator[LocalBroker]:
     """The started integration-test broker."""

@@ -42,7 +42,7 @@ from stream_assets.settings import DeploySettings, local_dir
 from tests.integration._dagster_env import sensor_ticks
 from tests.integration._engine_util import final_counts, read_topic, state_writers, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.own_deployment]
 
 TOPOLOGY = "wordcount"
 #: Supervisor ticks here (production default: 15 s).

@@ -32,8 +32,8 @@ from tests.integration._faults import RESTART_LINE, held_back, late_source_runne
 pytestmark = pytest.mark.integration
 
 #: Runners held back: over WordCount's two stages, one stage misses Spark's limit
-#: at least 6 times in a row (each miss costs 10 s and then a restart).
-HELD = 12
+#: at least 3 times in a row (each miss costs 10 s and then a restart).
+HELD = 6
 
 
 def _wordcount(
