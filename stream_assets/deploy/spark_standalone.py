@@ -53,6 +53,17 @@ def java_home() -> str:
     return str(Path(java).resolve().parent.parent)
 
 
+def master_json(ui_url: str) -> dict[str, Any] | None:
+    """A standalone master's ``/json`` (workers, applications) at its web UI ``ui_url``,
+    or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{ui_url}/json/", timeout=5) as response:
+            data: dict[str, Any] = json.load(response)
+            return data
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
 class SparkStandalone:
     """A master on ``host:master_port`` (UI on ``ui_port``) and ``workers`` workers."""
 
@@ -146,12 +157,7 @@ class SparkStandalone:
 
     def master_state(self) -> dict[str, Any] | None:
         """The master's ``/json`` (workers, applications), or None if it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
-                data: dict[str, Any] = json.load(response)
-                return data
-        except (OSError, urllib.error.URLError, ValueError):
-            return None
+        return master_json(self.master_ui)
 
     def alive_workers(self) -> int:
         state = self.master_state() or {}

@@ -49,14 +49,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +61,7 @@ from typing import IO, Any
 
 import pytest
 
-from stream_assets.deploy.spark_standalone import java_home, pyspark_home
+from stream_assets.deploy.spark_standalone import java_home, master_json, pyspark_home
 from tests.integration._util import free_port
 
 HOST = "127.0.0.1"
@@ -373,14 +370,7 @@ class SparkCluster:
     # -- master state ----------------------------------------------------------
 
     def _master_json(self) -> dict[str, Any] | None:
-        if self._master is None:
-            return None
-        try:
-            with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as response:
-                data: dict[str, Any] = json.load(response)
-                return data
-        except (OSError, urllib.error.URLError, ValueError):
-            return None
+        return None if self._master is None else master_json(self.master_ui)
 
     def master_state(self) -> dict[str, Any]:
         """The master's ``/json`` (workers, applications); raises if it does not answer."""
