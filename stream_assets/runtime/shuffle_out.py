@@ -38,9 +38,12 @@ Example::
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from operator import itemgetter
 from typing import Any
 
+from stream_assets.operators.aggregates import Accumulator, Composite, Count
 from stream_assets.operators.chain import Element, UserFunctionError
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Exit
@@ -72,6 +75,7 @@ _NO_WINDOW: tuple[None] = (None,)
 #: Packed bytes of a per-record entry besides its key and value: the array header,
 #: ts, offset and sub (9 bytes each at most), a join's side tag and a str/bin header.
 _ENTRY_OVERHEAD = 48
+_TARGET, _TS = itemgetter(2), itemgetter(4)
 
 
 class ShuffleOut:
@@ -98,7 +102,14 @@ class ShuffleOut:
         # sides of a join from one stage) share one message and one origin order.
         self.per_record: dict[tuple[str, int], list[tuple[Packable, int]]] = defaultdict(list)
         self.combined: dict[int, dict[EntryKey, list[Any]]] = defaultdict(dict)
-        self.combined_records: dict[int, int] = defaultdict(int)
+        #: Per shuffle queue, the elements its combined message stands for.
+        self.combined_records: Counter[int] = Counter()
+        #: Combining: the accepted records, (keyed, offset), unpacked into
+        #: ``per_record`` only for the queues whose batch goes per record.
+        self._accepted: list[tuple[list[Keyed], int]] = []
+        #: Builds the accumulator from a slot's count when the aggregate only
+        #: counts (see _counter_of); None: fold through the accumulator.
+        self._count_acc = _counter_of(self.agg.accumulator) if self.agg is not None else None
         #: The origin's progress: the highest event time it read in this batch so far
         #: (a keyed stage's outbox sets it; see observe).
         self.progress: int | None = None
@@ -118,26 +129,27 @@ class ShuffleOut:
         """
         exit_ = self.exits[exit_index]
         key_fn = exit_.key_by.fn
-        lazy = self.combine
+        # Per record, not per element: this loop is stage 0's hottest.
+        tagged, side = exit_.tagged, exit_.key_by.side
+        lazy, limit = self.combine, self.entry_limit
+        known, route = self.router.known, self.router.route
         keyed: list[Keyed] = []
         for sub, (v, ts) in enumerate(elements, first_sub):
             try:
                 key = key_fn(v)
-                key_bytes, target = self.router.route(key)
-                shipped = [exit_.key_by.side, v] if exit_.tagged else v
+                routed = known.get(key) if type(key) is str else None
+                key_bytes, target = route(key) if routed is None else routed
+                shipped = [side, v] if tagged else v
                 # Packed now unless it is certain to pack later: combined
                 # batches rarely send records, and whether a value is a dead
                 # letter must not depend on how its batch went.
                 packed: Packable = (
                     (key, shipped, ts, offset, sub)
-                    if lazy
-                    and _always_packs(v)
-                    and _INT64 <= ts < _UINT64
-                    and len(key_bytes) + _packed_bound(v) <= self.entry_limit
+                    if lazy and _packs_later(v, ts, len(key_bytes), limit)
                     else pack_record(key, shipped, ts, offset, sub)
                 )
-                if type(packed) is bytes and len(packed) > self.entry_limit:
-                    raise _too_large(exit_.topic, len(packed), self.entry_limit)
+                if type(packed) is bytes and len(packed) > limit:
+                    raise _too_large(exit_.topic, len(packed), limit)
             except PackingError as exc:
                 raise UserFunctionError(exit_.key_by.op_id, _shuffle_error(exc)) from exc
             except Exception as exc:
@@ -153,6 +165,12 @@ class ShuffleOut:
         """
         if self.agg is None:
             return
+        if self._count_acc is not None:
+            # Counting takes any value: nothing to check, and with
+            # combining nothing can fail half-way (see _fold_counts).
+            if self.combine:
+                _fold_counts(self.agg.window, keyed, self.combined)
+            return
         _fold(self.agg, keyed, self.combined if self.combine else None)
 
     def accept(self, exit_index: int, keyed: list[Keyed], offset: int) -> None:
@@ -161,20 +179,35 @@ class ShuffleOut:
         An element that the origin's progress before this record makes late
         carries that progress, and its shuffle queue's batch goes per record.
         """
+        if not keyed:
+            return
         exit_ = self.exits[exit_index]
-        progress = self.progress if exit_.head.judges_lateness else None
-        top = self._record_progress
-        for _key, _kb, target, _v, ts, packed in keyed:
-            if top is None or ts > top:
-                top = ts
-            if progress is not None and exit_.head.may_be_late(ts, progress):
+        if self.progress is not None and exit_.head.judges_lateness:
+            keyed = self._with_progress(exit_.head, keyed, self.progress)
+        top = max(map(_TS, keyed))
+        if self._record_progress is None or top > self._record_progress:
+            self._record_progress = top
+        if self.combine:
+            # Most combined batches send no record: unpacked at send_all if needed.
+            self.combined_records.update(map(_TARGET, keyed))
+            self._accepted.append((keyed, offset))
+            return
+        rows = self.per_record
+        for _key, _kb, target, _v, _ts, packed in keyed:
+            rows[(exit_.topic, target)].append((packed, offset))
+
+    def _with_progress(self, head: n.Stateful, keyed: list[Keyed], progress: int) -> list[Keyed]:
+        """``keyed`` with the entries that ``progress`` may make late carrying it;
+        their shuffle queues' batches go per record."""
+        out = keyed
+        for i, (key, kb, target, v, ts, packed) in enumerate(keyed):
+            if head.may_be_late(ts, progress):
                 whole = packed if isinstance(packed, bytes) else pack_record(*packed)
-                packed = with_progress(whole, progress)
+                if out is keyed:
+                    out = list(keyed)
+                out[i] = (key, kb, target, v, ts, with_progress(whole, progress))
                 self.per_record_only.add(target)
-            self.per_record[(exit_.topic, target)].append((packed, offset))
-            if self.combine:
-                self.combined_records[target] += 1
-        self._record_progress = top
+        return out
 
     def observe(self) -> None:
         """Count the record whose elements were just accepted (at every exit) in the
@@ -199,6 +232,8 @@ class ShuffleOut:
                 self._send(topic, target, body, last_offset)
                 self.stats.shuffle_records += len(self.combined[target])
                 sent.add((topic, target))
+        if self.combine:
+            self._unfold(sent)
         for topic, target in sorted(self.per_record):
             if (topic, target) in sent:
                 continue
@@ -218,11 +253,27 @@ class ShuffleOut:
                     self._send(topic, target, mark, last_offset)
                     self.stats.progress_marks += 1
 
+    def _unfold(self, sent: set[tuple[str, int]]) -> None:
+        """Put the accepted records' entries for queues no combined message covered
+        in ``per_record``, in accept order (combining: one exit, one topic)."""
+        topic = self.exits[0].topic
+        if all((topic, t) in sent for t in self.combined_records):
+            return
+        rows = self.per_record
+        for keyed, offset in self._accepted:
+            for _key, _kb, target, _v, _ts, packed in keyed:
+                if (topic, target) not in sent:
+                    rows[(topic, target)].append((packed, offset))
+
     def _combined_body(self, target: int, last_offset: int, progress: int | None) -> bytes | None:
+        slots = list(self.combined[target].values())
+        if self._count_acc is not None:
+            for slot in slots:  # a counted slot's accumulator, as add would have made it
+                slot[3] = self._count_acc(slot[5])
         try:
             body = encode_combined(
                 self.src,
-                list(self.combined[target].values()),
+                slots,
                 (last_offset, _WHOLE_OFFSET),
                 self.combined_records[target],
                 progress,
@@ -254,13 +305,6 @@ def _too_large(topic: str, size: int, limit: int) -> ShuffleEntryTooLargeError:
     )
 
 
-def _packed_bound(value: Any) -> int:
-    """Most bytes a per-record entry adds for ``value`` (one that :func:`_always_packs`)."""
-    if type(value) is str or type(value) is bytes:
-        return len(value) + _ENTRY_OVERHEAD
-    return 9 + _ENTRY_OVERHEAD
-
-
 class _KeyRouter:
     """Key bytes and shuffle queue of a grouping key, remembered for string keys.
 
@@ -274,19 +318,20 @@ class _KeyRouter:
 
     def __init__(self, shuffle_queues: int) -> None:
         self.shuffle_queues = shuffle_queues
-        self._known: dict[str, tuple[bytes, int]] = {}
+        #: str key -> (key bytes, shuffle queue); callers may look up here first.
+        self.known: dict[str, tuple[bytes, int]] = {}
 
     def route(self, key: Any) -> tuple[bytes, int]:
         if type(key) is str:
-            hit = self._known.get(key)
+            hit = self.known.get(key)
             if hit is not None:
                 return hit
         key_bytes = encode_key(key)
         routed = (key_bytes, queue_for_key(key_bytes, self.shuffle_queues))
         if type(key) is str:
-            if len(self._known) >= self._LIMIT:
-                self._known.clear()
-            self._known[key] = routed
+            if len(self.known) >= self._LIMIT:
+                self.known.clear()
+            self.known[key] = routed
         return routed
 
 
@@ -342,14 +387,65 @@ def _fold(
         raise UserFunctionError(agg.op_id, exc) from exc
 
 
-def _always_packs(value: Any) -> bool:
-    """True for values msgpack encodes whatever they hold (checked in O(1))."""
+def _counter_of(acc: Accumulator) -> Callable[[int], Any] | None:
+    """For an aggregate that only counts (``Count``, or a ``Composite`` of them), the
+    accumulator that ``n`` adds from ``zero`` give; None for any other aggregate.
+
+    Exact types only: a subclass may override ``add``.
+    """
+    if type(acc) is Count:
+        return _same
+    if type(acc) is Composite and acc.parts and all(type(p) is Count for _, p in acc.parts):
+        width = len(acc.parts)
+        return lambda count: [count] * width
+    return None
+
+
+def _same(count: int) -> int:
+    return count
+
+
+def _fold_counts(
+    window: Any, keyed: list[Keyed], combined: dict[int, dict[EntryKey, list[Any]]]
+) -> None:
+    """:func:`_fold` for an aggregate that only counts: slots keep the count (``n``)
+    and their accumulator is made from it at send time (``_combined_body``).
+
+    No undo log: nothing here can fail half-way through a record. ``ts`` is
+    an int (the chain makes it one), and only tumbling and sliding windows
+    are combined (a merging window is not): their ``assign`` is int
+    arithmetic.
+    """
+    for key, key_bytes, target, _v, ts, _packed in keyed:
+        slots = combined[target]
+        for w in window.assign(ts) if window is not None else _NO_WINDOW:
+            entry_key = (key_bytes, None, None) if w is None else (key_bytes, w.start, w.end)
+            slot = slots.get(entry_key)
+            if slot is None:
+                slots[entry_key] = [key, entry_key[1], entry_key[2], None, ts, 1]
+            else:
+                if ts > slot[4]:
+                    slot[4] = ts
+                slot[5] += 1
+
+
+def _packs_later(value: Any, ts: int, key_len: int, limit: int) -> bool:
+    """Whether an entry of ``value`` at ``ts`` with a key of ``key_len`` packed bytes is
+    sure to pack within ``limit``: msgpack encodes such values whatever they hold, and
+    their size is bounded in O(1). One function, not two: it runs for every element."""
+    if not _INT64 <= ts < _UINT64:
+        return False
     kind = type(value)
-    if kind is str:
-        return bool(value.isascii())  # no lone surrogates
+    if kind is str or kind is bytes:
+        if kind is str and not value.isascii():
+            return False  # it may hold a lone surrogate
+        return key_len + len(value) + _ENTRY_OVERHEAD <= limit
     if kind is int:
-        return bool(_INT64 <= value < _UINT64)
-    return kind is float or kind is bool or kind is bytes or value is None
+        if not _INT64 <= value < _UINT64:
+            return False
+    elif not (kind is float or kind is bool or value is None):
+        return False
+    return key_len + 9 + _ENTRY_OVERHEAD <= limit
 
 
 def _packed(entries: list[tuple[Packable, int]]) -> list[tuple[bytes, int]]:
