@@ -4,7 +4,7 @@ In the spirit of Kafka Streams' ``TopologyTestDriver``: :class:`TopologyTestDriv
 runs any :class:`~stream_assets.plan.topology.Topology` with the same per-queue
 functions an instance runs inside its Spark tasks
 (:func:`~stream_assets.runtime.stateless.run_source_batch` for stage 0,
-:func:`~stream_assets.runtime.stateful.run_keyed_batch` for the stateful
+:func:`~stream_assets.keyed.run_keyed_batch` for the stateful
 stage), a real :class:`~stream_assets.state.store.QueueStateStore` (RocksDB)
 per shuffle queue in a temporary directory, and the real changelog writer,
 which writes to an in-memory state topic. Topics are lists of
@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from stream_assets.keyed import read_key_state, run_keyed_batch
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
@@ -72,7 +73,6 @@ from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.runtime.shuffle_codec import encode_key
-from stream_assets.runtime.stateful import read_key_state, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE

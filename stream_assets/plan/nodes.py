@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_assets.operators.aggregates import Accumulator
+from stream_assets.operators.processor import Processor
 from stream_assets.serde import Deserializer, Serializer
 from stream_assets.windows.assigners import Window
 
@@ -115,11 +116,19 @@ class Stateful(Node):
     allowed_lateness_ms: int
     idle_timeout_ms: int
     late_topic: str | None
+    #: Per-key state expires this long (event time) after the key's latest record.
+    ttl_ms: int | None = field(default=None, kw_only=True)
 
     @property
     def judges_lateness(self) -> bool:
         """Whether a record can be late here (it falls in windows of event time)."""
         return self.window is not None
+
+    @property
+    def waits_for_time(self) -> bool:
+        """Whether state waits for time to pass (windows, timers, TTL): the stage then
+        needs batches with no input now and then, to fire what time made due."""
+        return self.window is not None or self.ttl_ms is not None
 
     def windows_of(self, ts: int) -> list[Window | None]:
         """The windows a record at ``ts`` counts in (``[None]``: unwindowed)."""
@@ -145,6 +154,9 @@ class Aggregate(Stateful):
     """Keyed (optionally windowed) aggregation."""
 
     accumulator: Accumulator
+    #: Results of open windows too: None only final results; 0 an update per window
+    #: changed in a batch; N one update of every open window each N ms (wall clock).
+    emit_every_ms: int | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -172,9 +184,27 @@ class TableJoin(Stateful):
         """Always: a record of either side is a point in event time."""
         return True
 
+    @property
+    def waits_for_time(self) -> bool:
+        """Always: stream records wait for the watermark."""
+        return True
+
     def windows_of(self, ts: int) -> list[Window | None]:
         """A record of either side is a point in time: ``[ts, ts + 1)``."""
         return [Window(ts, ts + 1)]
+
+
+@dataclass(frozen=True)
+class Process(Stateful):
+    """The user's own stateful logic: a :class:`~stream_assets.operators.processor.Processor`
+    sees each record of its key with the key's state, sets timers and emits."""
+
+    processor: Processor
+
+    @property
+    def waits_for_time(self) -> bool:
+        """Always: timers fire as event time and the wall clock pass."""
+        return True
 
 
 @dataclass(frozen=True)

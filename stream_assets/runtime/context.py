@@ -114,6 +114,7 @@ class TaskStats:
     late: int = 0
     skipped_duplicates: int = 0
     fired: int = 0
+    expired: int = 0  # keys whose TTL passed
     state_keys: int = 0
     state_bytes: int = 0
     #: 1 when this batch found its local store behind the state topic and restored it

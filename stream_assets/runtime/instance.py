@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 from stream_assets.control.restore import warm_queues
 from stream_assets.control.topics import check_topology_credentials, provision_topics
-from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundError
@@ -414,7 +413,7 @@ class Instance:
         ]
         reader = reader.option("layouts", encode_layouts(self._layouts[t] for t in read_topics))
         head = stage.head
-        if head is not None and (head.window is not None or isinstance(head, n.TableJoin)):
+        if head is not None and head.waits_for_time:
             # What waits for the watermark can fire when input stops (idle
             # timeout): give the stage a batch now and then, and let the
             # planner judge the origins' idleness by their offsets.

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from stream_assets.keyed import check_owner, run_keyed_batch
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.layout import TopicLayout
@@ -38,7 +39,6 @@ from stream_assets.runtime.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outage import ride_out_outage
 from stream_assets.runtime.send_buffer import SendBuffer
-from stream_assets.runtime.stateful import check_owner, run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.runtime.store_handles import HANDLES
 from stream_assets.runtime.task_stdout import Lines, active_stdout_accumulator, run_printing

@@ -1,4 +1,4 @@
-"""The pure per-queue core (runtime/stateless.py, runtime/stateful.py) operator by operator.
+"""The pure per-queue core (runtime/stateless.py, keyed/) operator by operator.
 
 Runs through the public test driver where that is convenient, and calls
 ``run_source_batch`` / ``run_keyed_batch`` directly where a test needs to
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from stream_assets.dsl.builder import AggregatedStream, GroupedStream, StreamBuilder
+from stream_assets.keyed import run_keyed_batch
 from stream_assets.operators.aggregates import Accumulator
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.context import StageContext
 from stream_assets.runtime.shuffle_codec import decode
-from stream_assets.runtime.stateful import run_keyed_batch
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.state.errors import FencedError
@@ -746,7 +746,7 @@ def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
 ) -> None:
     """Crash after the commit, before the outbox went: the next batch (or a restore
     elsewhere) sends it, and the next stage applies every result exactly once."""
-    from stream_assets.runtime import stateful
+    from stream_assets.keyed import emit as keyed_emit
     from stream_assets.windows import Time, TumblingWindow
 
     builder = StreamBuilder("outbox")
@@ -765,7 +765,7 @@ def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
     rnd = random.Random(4)
     lines = [" ".join(rnd.choices("abcdefghij", k=5)) for _ in range(40)]
     reference = Counter(Counter(w for line in lines for w in line.split()).values())
-    real_send = stateful._send_outbox
+    real_send = keyed_emit.send_outbox
     crashes = []
 
     def crash_once(*args: Any, **kwargs: Any) -> None:
@@ -775,7 +775,7 @@ def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
             raise RuntimeError("executor lost after the commit")
         real_send(*args, **kwargs)
 
-    monkeypatch.setattr(stateful, "_send_outbox", crash_once)
+    monkeypatch.setattr(keyed_emit, "send_outbox", crash_once)
     with TopologyTestDriver(builder.build(), source_queues=2, shuffle_queues=1) as driver:
         driver.pipe_many(lines, event_time=1_000)
         driver.advance()

@@ -18,11 +18,11 @@ import pytest
 import stream_assets.testing as testing_module
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
+from stream_assets.keyed import batch as keyed_batch
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime import stateful
 from stream_assets.runtime.ports import Sender
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, encode_input
@@ -371,7 +371,7 @@ def _crash_before_commit_after_output(
     the outputs are out, the state and the offset are not committed, and the
     batch runs again. Returns a list that holds the sink's length at the crash.
     """
-    real = stateful.commit_with_changelog
+    real = keyed_batch.commit_with_changelog
     before = len(driver.output_records(sink))
     crashed_at: list[int] = []
 
@@ -382,7 +382,7 @@ def _crash_before_commit_after_output(
             raise RuntimeError("executor lost before the commit")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(stateful, "commit_with_changelog", commit)
+    monkeypatch.setattr(keyed_batch, "commit_with_changelog", commit)
     return crashed_at
 
 
