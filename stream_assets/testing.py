@@ -415,6 +415,9 @@ class TopologyTestDriver:
         }
         self._idle: set[tuple[str, int]] = set()  # (source topic, queue)
         self._clock = 0
+        #: The wall clock (ms) processing-time timers and periodic results go by:
+        #: the test's, moved only by :meth:`advance_wall_clock`.
+        self.wall_clock_ms = 0
         self._stdout = io.StringIO()
         self._stores: dict[tuple[int, int], QueueStateStore] = {}
         self._dir: Path | None = Path(tempfile.mkdtemp(prefix="stream-assets-test-", dir=state_dir))
@@ -574,6 +577,27 @@ class TopologyTestDriver:
 
     idle = advance_idle
 
+    def advance_wall_clock(self, to_ms: int) -> list[TaskStats]:
+        """Move the wall clock to ``to_ms`` (ms since the epoch), then give every stateful
+        queue a batch, as the engine's tick does: processing-time timers and periodic
+        early results that are due by then fire. Returns the stats of the batches run.
+
+        >>> driver.advance_wall_clock(60_000)  # doctest: +SKIP
+        """
+        self._check_open()
+        if to_ms < self.wall_clock_ms:
+            raise ValueError(
+                f"the wall clock only moves forward: it is at {self.wall_clock_ms}, not {to_ms}"
+            )
+        first = len(self.stats)
+        while self._round(tick=False):
+            pass
+        self.wall_clock_ms = to_ms
+        self._round(tick=True)
+        while self._round(tick=False):
+            pass
+        return self.stats[first:]
+
     def rewind(
         self, topic: str | None = None, offset: int = 0, queues: Iterable[int] | None = None
     ) -> None:
@@ -669,22 +693,24 @@ class TopologyTestDriver:
         return self._stdout.getvalue().splitlines()
 
     def state(self, key: Any, window: Window | None = None, operator: str | None = None) -> Any:
-        """The current aggregate of ``key`` in the first aggregate's RocksDB (or ``operator``'s).
+        """The current state of ``key`` in the first aggregate's or processor's RocksDB
+        (or ``operator``'s).
 
         Unwindowed: the result (a dict by alias) or None. Windowed: the key's
         open (not yet fired) windows as ``{Window: result}``, or with
-        ``window`` that window's result or None.
+        ``window`` that window's result or None. A processor: its states by
+        name (a map state as a dict), or None.
         """
         self._check_open()
         stages = [
             s
             for s in self._stateful_stages()
-            if s.aggregate is not None and operator in (None, s.aggregate.op_id)
+            if s.queryable is not None and operator in (None, s.queryable.op_id)
         ]
         if not stages:
             raise ValueError(f"{self.topology.job_id} has no aggregate {operator or ''}".strip())
         stage = stages[0]
-        agg = stage.aggregate
+        agg = stage.queryable
         assert agg is not None
         store = self._store(stage, queue_for_key(encode_key(key), self.shuffle_queues))
         return read_key_state(store, agg, key, window)
@@ -784,7 +810,9 @@ class TopologyTestDriver:
             restores = self._make_current(stage, q, store)
             records = topic.read(q, start, end)
             with contextlib.redirect_stdout(self._stdout):
-                stats = run_keyed_batch(ctx, q, end, records, store, SendBuffer(self.broker), idle)
+                stats = run_keyed_batch(
+                    ctx, q, end, records, store, SendBuffer(self.broker), idle, self.wall_clock_ms
+                )
             stats.restores = restores
             stats.state_keys = store.estimated_key_count()
             self.stats.append(stats)

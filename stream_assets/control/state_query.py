@@ -219,7 +219,7 @@ def stateful_operators(topology: Topology) -> dict[str, Stage]:
     {'aggregate-3': 'wordcount__state__aggregate-3'}
     """
     return {
-        s.aggregate.op_id: s for s in topology.stages if s.aggregate is not None and s.state_topic
+        s.queryable.op_id: s for s in topology.stages if s.queryable is not None and s.state_topic
     }
 
 
@@ -238,7 +238,7 @@ def resolve_operator(topology: Topology, operator: str | None = None) -> Stage:
     if not stages:
         raise StateQueryError(
             f"topology {topology.job_id} keeps no state: it has no aggregate (count, sum, ...) "
-            "after a key_by; its results are in its sink topics"
+            "or process() after a key_by; its results are in its sink topics"
         )
     if operator is not None:
         if operator not in stages:
@@ -330,7 +330,7 @@ def query_state(
     started = time.perf_counter()
     topo = resolve_topology(topology)
     stage = resolve_operator(topo, operator)
-    agg = stage.aggregate
+    agg = stage.queryable
     state_topic = stage.state_topic
     assert agg is not None and state_topic is not None  # resolve_operator picks only these
     if window is not None and agg.window is None:

@@ -42,6 +42,7 @@ from stream_assets.operators.aggregates import (
     field_or_fn,
 )
 from stream_assets.operators.joins import JoinCollect
+from stream_assets.operators.processor import Processor
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Topology, validate_name
 from stream_assets.rocketmq.tags import TagFilter
@@ -300,6 +301,7 @@ class RStream:
                 "left" if left else "inner",
                 fn,
                 inputs=(stream_side, table_side),
+                ttl_ms=o.ttl_ms,
             ),
         )
 
@@ -464,6 +466,12 @@ class _Options:
         self.lateness_ms = 0
         self.idle_ms = _DEFAULT_IDLE_TIMEOUT_MS
         self.late_topic: str | None = None
+        self.ttl_ms: int | None = None
+
+    def ttl(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"ttl: a key's state must live > 0 seconds, got {seconds}")
+        self.ttl_ms = int(seconds * 1000)
 
     def water_mark(self, seconds: float) -> None:
         if seconds < 0:
@@ -501,6 +509,11 @@ class StatefulOptions:
     def late_records_to(self, topic: str) -> StatefulOptions:
         """Also write dropped late records to ``topic``."""
         self._options.late_records_to(topic)
+        return self
+
+    def ttl(self, seconds: float) -> StatefulOptions:
+        """Forget a key's table versions ``seconds`` of event time after its latest record."""
+        self._options.ttl(seconds)
         return self
 
     def to_rstream(self) -> RStream:
@@ -565,6 +578,66 @@ class GroupedStream:
         """Mean of a field / function per key."""
         return self._agg(alias, Avg(field_or_fn(selector, "avg")))
 
+    def process(
+        self,
+        processor: Processor,
+        *,
+        water_mark: float = 0,
+        ttl: float | None = None,
+        idle_timeout: float | None = None,
+        late_records_to: str | None = None,
+    ) -> RStream:
+        """The user's own stateful logic per key: state, timers, emit (see
+        :mod:`stream_assets.operators.processor`).
+
+        ``water_mark``: allowed lateness in seconds (event-time timers fire once
+        the watermark passes them; records behind it are late). ``ttl``: forget
+        a key's state that many seconds of event time after its latest record.
+
+        >>> from stream_assets.operators.processor import Processor
+        >>> from stream_assets.serde import json_deserializer
+        >>> class First(Processor):
+        ...     def process(self, key, value, ctx):
+        ...         if ctx.value("seen").get() is None:
+        ...             ctx.value("seen").set(True)
+        ...             ctx.emit(value)
+        >>> b = StreamBuilder("dedup")
+        >>> b.source("events", json_deserializer).key_by("id").process(First(), ttl=3600).sink("o")
+        """
+        if not isinstance(processor, Processor):
+            raise TypeError(
+                "process: expected a Processor instance (a subclass of "
+                f"stream_assets.operators.processor.Processor), got {type(processor).__name__}"
+            )
+        if self._window is not None:
+            raise ValueError(
+                "process: a processor takes no window; keep per-key state and set "
+                "event-time timers instead (ctx.set_event_timer)"
+            )
+        o = _Options()
+        o.water_mark(water_mark)
+        if ttl is not None:
+            o.ttl(ttl)
+        if idle_timeout is not None:
+            o.idle_timeout(idle_timeout)
+        if late_records_to is not None:
+            o.late_records_to(late_records_to)
+        b = self._stream._b
+        if self._root in b._open_groups:
+            b._open_groups.remove(self._root)
+        key_by = self._stream._key_by_node(self._key)
+        node = n.Process(
+            b._op_id("process"),
+            None,
+            o.lateness_ms,
+            o.idle_ms,
+            o.late_topic,
+            processor,
+            inputs=(key_by,),
+            ttl_ms=o.ttl_ms,
+        )
+        return RStream(b, b._add(node))
+
     def aggregate(self, accumulator: Accumulator, alias: str | None = None) -> AggregatedStream:
         """A user :class:`Accumulator` per key."""
         if not isinstance(accumulator, Accumulator):
@@ -582,6 +655,7 @@ class AggregatedStream:
         self._b = grouped._stream._b
         self._parts = parts
         self._options = _Options()
+        self._emit_every_ms: int | None = None
         self._done: RStream | None = None
 
     def _more(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
@@ -634,6 +708,49 @@ class AggregatedStream:
         self._options.late_records_to(topic)
         return self
 
+    def ttl(self, seconds: float) -> AggregatedStream:
+        """Forget a key's aggregate ``seconds`` of event time after its latest record
+        (unwindowed only: windows end by the watermark). A key seen again starts over.
+
+        >>> from stream_assets.serde import json_deserializer
+        >>> b = StreamBuilder("t")
+        >>> b.source("s", json_deserializer).key_by("user").count().ttl(86_400).to_rstream()
+        ... # doctest: +ELLIPSIS
+        <...RStream object at ...>
+        """
+        if self._grouped._window is not None:
+            raise ValueError(
+                "ttl: a window's state ends when the watermark passes the window; "
+                "ttl is for unwindowed aggregates"
+            )
+        self._options.ttl(seconds)
+        return self
+
+    def emit_early(self, every: float = 0) -> AggregatedStream:
+        """Also emit open windows' current results: ``every=0`` an update for each window
+        a batch changed, ``every=N`` every open window once per N seconds (wall clock).
+
+        Each result of a window then carries a version (the commit's seq) in its
+        message key and ``"final"`` in its value, so a consumer keeps the latest.
+
+        >>> from stream_assets.serde import json_deserializer
+        >>> from stream_assets.windows import Time, TumblingWindow
+        >>> b = StreamBuilder("e")
+        >>> (b.source("s", json_deserializer).key_by("user")
+        ...   .window(TumblingWindow.of(Time.minutes(10))).count().emit_early(every=5)
+        ...   .to_rstream())  # doctest: +ELLIPSIS
+        <...RStream object at ...>
+        """
+        if self._grouped._window is None:
+            raise ValueError(
+                "emit_early: an unwindowed aggregate already emits every update; "
+                "emit_early is for windows"
+            )
+        if every < 0:
+            raise ValueError(f"emit_early: every must be >= 0 seconds, got {every}")
+        self._emit_every_ms = int(every * 1000)
+        return self
+
     def to_rstream(self) -> RStream:
         """The stream of results: dicts with ``key``, each alias, and window bounds.
 
@@ -654,6 +771,8 @@ class AggregatedStream:
                 o.late_topic,
                 Composite(list(self._parts)),
                 inputs=(key_by,),
+                ttl_ms=o.ttl_ms,
+                emit_every_ms=self._emit_every_ms,
             )
             self._done = RStream(self._b, self._b._add(node))
         return self._done

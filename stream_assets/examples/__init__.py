@@ -6,8 +6,11 @@ from collections.abc import Callable
 
 from stream_assets.examples import (
     ad_join,
+    dedup,
     order_branch,
     seed_article,
+    silence_alert,
+    top_words,
     windowed_sum,
     word_histogram,
     wordcount,
@@ -21,4 +24,7 @@ EXAMPLES: dict[str, Callable[[], Topology]] = {
     "ad-join": ad_join.build,
     "order-branch": order_branch.build,
     "word-histogram": word_histogram.build,
+    "dedup": dedup.build,
+    "silence-alert": silence_alert.build,
+    "top-words": top_words.build,
 }

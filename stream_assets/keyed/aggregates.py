@@ -111,18 +111,14 @@ class WindowedAggregate(KeyedLogic):
             self._collect(batch, key_bytes, window, acc, final=True)
             batch.state.put(raw, None)
             fired_end = window.end if fired_end is None else max(fired_end, window.end)
-        if self.head.emit_every_ms is not None and _early_due(batch, self.head):
-            every_open = self.head.emit_every_ms > 0
-            opened = (
-                (raw for raw, _ in batch.state.items(lay.WINDOWED))
-                if every_open
-                else sorted(self._touched)
-            )
-            for raw in opened:
-                acc = batch.state.get(raw)
-                if acc is not None:
-                    window, key_bytes = lay.parse_window_key(raw)
-                    self._collect(batch, key_bytes, window, acc, final=False)
+        if self.head.emit_every_ms is not None:
+            if self.head.emit_every_ms > 0:
+                opened = [raw for raw, _ in batch.state.items(lay.WINDOWED)]
+            else:
+                opened = sorted(k for k in self._touched if batch.state.get(k) is not None)
+            for raw in opened if _early_due(batch, self.head, bool(opened)) else ():
+                window, key_bytes = lay.parse_window_key(raw)
+                self._collect(batch, key_bytes, window, batch.state.get(raw), final=False)
         return fired_end
 
     def _due(self, state: BatchState, fire_to: int | None, fire_all: bool) -> list[bytes]:
@@ -240,14 +236,14 @@ class SessionAggregate(KeyedLogic):
                 fired_end = e if fired_end is None else max(fired_end, e)
             if len(keep) != len(sessions):
                 state.put(skey, keep or None)
-        if self.head.emit_every_ms is not None and _early_due(batch, self.head):
+        if self.head.emit_every_ms is not None:
             keys = (
                 [k for k, _ in state.items(lay.SESSION)]
                 if self.head.emit_every_ms > 0
-                else sorted(self._touched)
+                else sorted(k for k in self._touched if state.get(k))
             )
-            for skey in keys:
-                for s, e, acc in state.get(skey) or []:
+            for skey in keys if _early_due(batch, self.head, bool(keys)) else ():
+                for s, e, acc in state.get(skey):
                     batch.results.extend(
                         window_results(self.head, batch.seq, skey[1:], Window(s, e), acc, False)
                     )
@@ -293,12 +289,14 @@ def _fold_acc(state: BatchState, acc_def: Any, skey: bytes, partial: Any, value:
     state.put(skey, acc_def.merge(acc, partial) if partial is not None else acc_def.add(acc, value))
 
 
-def _early_due(batch: KeyedBatch, head: n.Aggregate) -> bool:
-    """Whether this batch emits early results: every batch (0), or once per period."""
+def _early_due(batch: KeyedBatch, head: n.Aggregate, anything_open: bool) -> bool:
+    """Whether this batch emits early results: every batch (0), or once per period of
+    the wall clock in which a window is open (the period is noted in the meta)."""
     every = head.emit_every_ms or 0
-    if every <= 0:
-        return True
-    due = batch.now_ms // every != batch.meta_extra.get("early_period")
-    if due:
-        batch.meta_extra["early_period"] = batch.now_ms // every
-    return due
+    if every <= 0 or not anything_open:
+        return anything_open
+    period = batch.now_ms // every
+    if period == batch.meta_extra.get("early_period"):
+        return False
+    batch.meta_extra["early_period"] = period
+    return True

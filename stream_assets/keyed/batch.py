@@ -249,9 +249,19 @@ class _QueueBatch:
             self.stats.late += count
             self.batch.late.append((key, value, window.end, origin))
             return
-        self.logic.fold(self.batch, key, key_bytes, window, partial, value, ts, origin)
         if self.head.ttl_ms is not None:
-            self.touched[key_bytes] = max(self.touched.get(key_bytes, ts), ts)
+            self._touch(key_bytes, ts, self.head.ttl_ms)
+        self.logic.fold(self.batch, key, key_bytes, window, partial, value, ts, origin)
+
+    def _touch(self, key_bytes: bytes, ts: int, ttl_ms: int) -> None:
+        """A record at ``ts``: forget the key first if its TTL ran out before it."""
+        latest = self.touched.get(key_bytes)
+        stored = self.batch.state.get(lay.EXPIRES + key_bytes)
+        expires = _max_opt(stored, None if latest is None else latest + ttl_ms)
+        if expires is not None and ts >= expires:
+            ttl.forget_key(self.batch.state, self.logic, key_bytes)
+            latest = None
+        self.touched[key_bytes] = ts if latest is None else max(latest, ts)
 
     def finish(self, end: int, idle: frozenset[int]) -> None:
         """Fire, expire, emit and commit."""

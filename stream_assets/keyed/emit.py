@@ -45,13 +45,13 @@ def out_progress(
     closed_floor: int | None,
     results: list[Result],
 ) -> int | None:
-    """This queue's progress for the next shuffle (None: no stage after it judges lateness).
+    """This queue's progress for the next shuffle (None: no stage after it goes by event time).
 
     The highest event time of its results so far, and at least the fired
     watermark minus one: every result still to come is at or after it (a
     window's result happens at its end - 1, a table join's at its record's time).
     """
-    if not any(e.head.judges_lateness for e in ctx.stage.exits):
+    if not any(e.head.waits_for_time for e in ctx.stage.exits):
         return None
     head = ctx.stage.head
     assert head is not None

@@ -1,7 +1,10 @@
 """Time to live for keyed state: a key's state expires a fixed span of event time
 after its latest record.
 
-Each key with a TTL has one entry in a time-ordered index (``EXPIRY``: expires
+A record at or after its key's expiry finds the key forgotten first (so the
+verdict does not depend on whether a batch boundary fell between them), and
+at the end of each batch the watermark expires the rest. Each key with a TTL
+has one entry in a time-ordered index (``EXPIRY``: expires
 at, key) and its expiry time (``EXPIRES``), so a batch finds every expired
 key by scanning the index up to the watermark, and a key touched again moves
 its one entry. Expiry is a state change like any other: it goes into the
@@ -29,6 +32,15 @@ def touch(state: BatchState, key_bytes: bytes, expires_at: int) -> None:
         state.put(lay.timer_key(lay.EXPIRY, before, key_bytes), None)
     state.put(lay.timer_key(lay.EXPIRY, expires_at, key_bytes), True)
     state.put(lay.EXPIRES + key_bytes, expires_at)
+
+
+def forget_key(state: BatchState, logic: KeyedLogic, key_bytes: bytes) -> None:
+    """Forget one key's state and its expiry now (a record came at or after its expiry)."""
+    before = state.get(lay.EXPIRES + key_bytes)
+    if before is not None:
+        state.put(lay.timer_key(lay.EXPIRY, before, key_bytes), None)
+        state.put(lay.EXPIRES + key_bytes, None)
+    logic.forget(state, key_bytes)
 
 
 def expire(state: BatchState, logic: KeyedLogic, watermark: int | None) -> int:

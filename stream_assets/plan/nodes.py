@@ -202,9 +202,19 @@ class Process(Stateful):
     processor: Processor
 
     @property
+    def judges_lateness(self) -> bool:
+        """Always: a record is a point in event time, and one behind the watermark is late
+        (what keeps ``on_timer`` independent of batches: see the processor's contract)."""
+        return True
+
+    @property
     def waits_for_time(self) -> bool:
         """Always: timers fire as event time and the wall clock pass."""
         return True
+
+    def windows_of(self, ts: int) -> list[Window | None]:
+        """A record is a point in time: ``[ts, ts + 1)``."""
+        return [Window(ts, ts + 1)]
 
 
 @dataclass(frozen=True)

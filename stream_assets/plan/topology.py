@@ -104,6 +104,11 @@ class Stage:
         return self.head if isinstance(self.head, n.Aggregate) else None
 
     @property
+    def queryable(self) -> n.Aggregate | n.Process | None:
+        """The head when a state query can ask it for a key: an aggregate or a processor."""
+        return self.head if isinstance(self.head, n.Aggregate | n.Process) else None
+
+    @property
     def ops(self) -> tuple[n.Node, ...]:
         """The stage's operators (not the head), in plan order."""
         return tuple(self.nodes.values())
@@ -225,43 +230,10 @@ def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
         if not feeders or not all(isinstance(f, n.KeyBy) for f in feeders):
             raise ValueError(f"{job_id}: {head.op_id} needs a key_by before it")
         input_of[head.op_id] = shuffle_topic(job_id, feeders[0])  # type: ignore[arg-type]
-    stages: list[Stage] = []
-    for index, head in enumerate(heads):
-        stage_nodes: dict[str, n.Node] = {}
-        edges: dict[str, tuple[str, ...]] = {}
-        exits: list[Exit] = []
-        todo = [head.op_id]
-        while todo:
-            op_id = todo.pop()
-            if op_id in edges:
-                continue
-            edges[op_id] = tuple(children[op_id])
-            for child_id in children[op_id]:
-                child = by_id[child_id]
-                if child_id in stage_nodes:
-                    continue
-                stage_nodes[child_id] = child
-                if isinstance(child, n.KeyBy):
-                    exits.append(_exit(job_id, child, children[child_id], by_id, input_of))
-                    edges[child_id] = ()
-                else:
-                    todo.append(child_id)
-        # Plan order (declaration order is a topological order).
-        ordered = {x.op_id: x for x in nodes if x.op_id in stage_nodes}
-        exits.sort(key=lambda e: list(ordered).index(e.key_by.op_id))
-        stateful = head if isinstance(head, n.Stateful) else None
-        stages.append(
-            Stage(
-                index=index,
-                input_topic=input_of[head.op_id],
-                source=head if isinstance(head, n.Source) else None,
-                head=stateful,
-                nodes=ordered,
-                children=edges,
-                exits=tuple(exits),
-                state_topic=state_topic(job_id, stateful) if stateful else None,
-            )
-        )
+    stages = [
+        _stage(job_id, index, head, nodes, by_id, children, input_of)
+        for index, head in enumerate(heads)
+    ]
     by_topic = {s.input_topic: s.index for s in stages}
     upstreams: dict[int, list[int]] = {s.index: [] for s in stages}
     for stage in stages:
@@ -270,6 +242,51 @@ def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
     return [
         Stage(**{**s.__dict__, "upstreams": tuple(sorted(set(upstreams[s.index])))}) for s in stages
     ]
+
+
+def _stage(
+    job_id: str,
+    index: int,
+    head: n.Source | n.Stateful,
+    nodes: tuple[n.Node, ...],
+    by_id: dict[str, n.Node],
+    children: dict[str, list[str]],
+    input_of: dict[str, str],
+) -> Stage:
+    """The stage ``head`` starts: every node it reaches up to the next key_by (an exit)."""
+    stage_nodes: dict[str, n.Node] = {}
+    edges: dict[str, tuple[str, ...]] = {}
+    exits: list[Exit] = []
+    todo = [head.op_id]
+    while todo:
+        op_id = todo.pop()
+        if op_id in edges:
+            continue
+        edges[op_id] = tuple(children[op_id])
+        for child_id in children[op_id]:
+            child = by_id[child_id]
+            if child_id in stage_nodes:
+                continue
+            stage_nodes[child_id] = child
+            if isinstance(child, n.KeyBy):
+                exits.append(_exit(job_id, child, children[child_id], by_id, input_of))
+                edges[child_id] = ()
+            else:
+                todo.append(child_id)
+    # Plan order (declaration order is a topological order).
+    ordered = {x.op_id: x for x in nodes if x.op_id in stage_nodes}
+    exits.sort(key=lambda e: list(ordered).index(e.key_by.op_id))
+    stateful = head if isinstance(head, n.Stateful) else None
+    return Stage(
+        index=index,
+        input_topic=input_of[head.op_id],
+        source=head if isinstance(head, n.Source) else None,
+        head=stateful,
+        nodes=ordered,
+        children=edges,
+        exits=tuple(exits),
+        state_topic=state_topic(job_id, stateful) if stateful else None,
+    )
 
 
 def _exit(
@@ -291,9 +308,11 @@ def _exit(
         topic=input_of[head.op_id],
         head=head,
         # Not when late records go to a topic: a pre-combined partial no
-        # longer has the records' values to send there.
+        # longer has the records' values to send there. Not with a TTL: a
+        # key's expiry falls between two of its records, which a partial merges.
         combine=isinstance(head, n.Aggregate)
         and not isinstance(head, n.Join)
         and is_decomposable(head.accumulator)
-        and head.late_topic is None,
+        and head.late_topic is None
+        and head.ttl_ms is None,
     )

@@ -115,8 +115,9 @@ class ShuffleOut:
         self.progress: int | None = None
         self._record_progress: int | None = None  # the accepted record's, until observe
         self.per_record_only: set[int] = set()  # shuffle queues whose batch must go per record
-        #: Shuffle topics whose stateful stage judges lateness: only they need progress.
-        self.timed_topics = frozenset(e.topic for e in self.exits if e.head.judges_lateness)
+        #: Shuffle topics whose stateful stage goes by event time (lateness, timers,
+        #: TTL): only they need progress.
+        self.timed_topics = frozenset(e.topic for e in self.exits if e.head.waits_for_time)
 
     def key(
         self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0

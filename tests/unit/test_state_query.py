@@ -239,12 +239,12 @@ def test_window_on_an_unwindowed_aggregate() -> None:
 def test_operator_choice() -> None:
     def stage(op_id: str) -> Any:
         return SimpleNamespace(
-            aggregate=SimpleNamespace(op_id=op_id),
+            queryable=SimpleNamespace(op_id=op_id),
             state_topic=f"j__state__{op_id}",
             input_topic=f"j__shuffle__{op_id}",
         )
 
-    stateless = SimpleNamespace(aggregate=None, state_topic=None, input_topic="src")
+    stateless = SimpleNamespace(queryable=None, state_topic=None, input_topic="src")
     two = cast(
         Topology, SimpleNamespace(job_id="j", stages=(stateless, stage("a-1"), stage("b-2")))
     )
