@@ -47,7 +47,7 @@ run, no process started per evaluation. Both paths share :func:`evaluate_topolog
 Example::
 
     >>> from stream_assets.examples import wordcount
-    >>> for spec in check_specs(wordcount.build()):
+    >>> for spec in check_specs(wordcount.build(), CheckSettings()):
     ...     print(spec.asset_key.to_user_string(), spec.name)
     topologies/wordcount wordcount__no_recent_crashes
     topics/sourceTopic wordcount__lag_within_bound
@@ -117,12 +117,11 @@ def crash_check_key(job_id: str) -> dg.AssetCheckKey:
     return dg.AssetCheckKey(topology_asset_key(job_id), check_name(job_id, CRASHES))
 
 
-def check_specs(
-    topology: Topology, settings: CheckSettings | None = None
-) -> list[dg.AssetCheckSpec]:
-    """The check specs of one topology, on itself and its source, dead-letter and sink topics."""
+def check_specs(topology: Topology, settings: CheckSettings) -> list[dg.AssetCheckSpec]:
+    """The check specs of one topology, on itself and its source, dead-letter and sink topics
+    (``settings`` name the dead-letter hold in a description)."""
     job = topology.job_id
-    hold = _span((settings or CheckSettings()).dead_letter_hold_s)
+    hold = _span(settings.dead_letter_hold_s)
     specs = [
         dg.AssetCheckSpec(
             check_name(job, CRASHES),
@@ -458,13 +457,21 @@ def dead_letter_alert(job_id: str, topic: str, outcome: Outcome) -> Alert | None
 
 
 def raise_dead_letter_alerts(
-    topology: Topology, outcomes: Sequence[Outcome], log: Callable[[str], None]
+    topology: Topology,
+    outcomes: Sequence[Outcome],
+    hooks: Sequence[str],
+    log: Callable[[str], None],
 ) -> list[Alert]:
-    """Log and send to the hooks (``STREAM_ASSETS_ALERT_HOOKS``) the dead-letter alert among
-    ``outcomes``, if they counted new dead letters; return the alerts raised.
+    """Log and send to ``hooks`` (``SupervisorSettings.alert_hooks``) the dead-letter alert
+    among ``outcomes``, if they counted new dead letters; return the alerts raised.
 
     Called by whichever evaluation (sensor tick or checks run) first counts a batch: the
     next one compares with the offsets this one recorded, so a batch alerts once.
+
+    Example::
+
+        >>> hooks = ("my.alerts:page",)
+        >>> raise_dead_letter_alerts(topology, outcomes, hooks, print)  # doctest: +SKIP
     """
     key = dg.AssetCheckKey(
         topic_asset_key(topology.dead_letter_topic), check_name(topology.job_id, DEAD_LETTERS)
@@ -478,7 +485,7 @@ def raise_dead_letter_alerts(
         )
         if alert is not None:
             log(alert.describe())
-            notify(alert, SupervisorSettings().alert_hooks, log)
+            notify(alert, hooks, log)
             raised.append(alert)
     return raised
 
@@ -753,9 +760,10 @@ def topology_checks(
         context: dg.AssetCheckExecutionContext, rocketmq: RocketMQResource
     ) -> Iterator[dg.AssetCheckResult]:
         selected = context.selected_asset_check_keys
+        supervisor = SupervisorSettings()
         outcomes: list[Outcome] = []
         if crashes in selected:
-            window_s = SupervisorSettings().crash_window_s
+            window_s = supervisor.crash_window_s
             outcomes.append(crash_outcome(context.instance, topology.job_id, time.time(), window_s))
         if selected - {crashes}:  # the crash check alone needs no broker
             with rocketmq.admin() as admin, RocketMQProbe(admin) as probe:
@@ -764,7 +772,9 @@ def topology_checks(
                 )
             outcomes.extend(o for o in found if o.key in selected)
             # Only an evaluation that is recorded may alert: the next one counts from it.
-            raise_dead_letter_alerts(topology, outcomes, context.log.warning)
+            raise_dead_letter_alerts(
+                topology, outcomes, supervisor.alert_hooks, context.log.warning
+            )
         for outcome in outcomes:
             yield outcome.result()
 
@@ -817,7 +827,8 @@ def build_checks_sensor(
     ) -> dg.SensorResult:
         current = settings or CheckSettings()
         names = deployed(context.instance, list(registrations))
-        now, window_s = time.time(), SupervisorSettings().crash_window_s
+        supervisor = SupervisorSettings()
+        now, window_s = time.time(), supervisor.crash_window_s
         # The crash checks first: they read runs, not the broker, and hold when it is down.
         events = [crash_outcome(context.instance, n, now, window_s).evaluation() for n in names]
         previous = previous_evaluation(context.instance)
@@ -830,7 +841,9 @@ def build_checks_sensor(
                     except (RocketMQError, OSError) as exc:
                         context.log.warning(f"{job_id}: checks not evaluated this tick: {exc}")
                         continue
-                    raise_dead_letter_alerts(topology, outcomes, context.log.warning)
+                    raise_dead_letter_alerts(
+                        topology, outcomes, supervisor.alert_hooks, context.log.warning
+                    )
                     events.extend(o.evaluation() for o in outcomes)
         return dg.SensorResult(
             asset_events=events,

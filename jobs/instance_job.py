@@ -158,7 +158,8 @@ def run_instance(
     heart.start()
     try:
         _take_over_stop_signals(stop)
-        reason = _supervise(context, config, inst, heart, stop)
+        rate_window_s = MetricsSettings().rate_window_s
+        reason = _supervise(context, config, inst, heart, stop, rate_window_s)
         context.log.info(f"stopping ({reason}): finishing the batch in flight")
         with heart.busy("stopping: finishing the batch in flight"):
             inst.stop()
@@ -191,8 +192,12 @@ def _supervise(
     inst: Instance,
     heart: Heart,
     stop: threading.Event,
+    rate_window_s: float,
 ) -> str:
-    """Heartbeat, report and follow rebalances until a reason to stop; return that reason."""
+    """Heartbeat, report and follow rebalances until a reason to stop; return that reason.
+
+    ``rate_window_s``: the least wall time a rate of this instance's counters spans.
+    """
     assert heart.follower is not None
     follower = heart.follower
     desired = DesiredStateStore(context.instance)
@@ -229,7 +234,7 @@ def _supervise(
         if heart.progressed():
             heart.beat()
         if heart.lag is not None and now - last_metrics >= config.metrics_interval_s:
-            _observe(context, config, inst, heart.lag, inst.metrics_url)
+            _observe(context, config, inst, heart.lag, rate_window_s, inst.metrics_url)
             last_metrics = now
         rebalancing = state is not None and state.phase != "run"
         stop.wait(REBALANCE_POLL_S if rebalancing else config.heartbeat_interval_s / 4)
@@ -245,6 +250,7 @@ def _observe(
     config: InstanceConfig,
     inst: Instance,
     lag: dict[str, dict[int, int]],
+    rate_window_s: float,
     metrics_url: str | None = None,
 ) -> None:
     """Observe the topology asset with this instance's own numbers, keyed by its index.
@@ -255,14 +261,14 @@ def _observe(
     on the sink asset, the UI drew one series jumping between instances. The
     metrics sensor (jobs/metrics.py) sums these into the topology, sink and
     source totals. Rates are of cumulative counters over at least
-    ``STREAM_ASSETS_METRICS_RATE_WINDOW_S`` of wall time between two samples,
+    ``rate_window_s`` (``STREAM_ASSETS_METRICS_RATE_WINDOW_S``) of wall time between two samples,
     so an interval in which no batch ended does not read 0
     (stream_assets/control/metrics.py). ``metrics_url``, the instance's Prometheus
     endpoint, goes with them as ``instance_<i>.metrics_url``.
     """
     meters = _RATES.get(inst)
     if meters is None:
-        meters = _RATES[inst] = RateMeters(MetricsSettings().rate_window_s)
+        meters = _RATES[inst] = RateMeters(rate_window_s)
     numbers = instance_numbers(
         inst.topology,
         {i: dict(m.totals) for i, m in inst.metrics.items()},

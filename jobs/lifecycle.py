@@ -36,14 +36,15 @@ import dagster as dg
 from stream_assets.control.allocation import Allocation, allocate, topology_queues
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore, heartbeats
 from stream_assets.control.liveness import process_alive
-from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.jobs.failures import acting_on, failure, registered
 from stream_assets.jobs.supervisor import instance_runs, run_index, run_process
 from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.resources.spark import SparkResource
 from stream_assets.resources.state_store import RocksDBStateStoreResource
+from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.provision import provision_topics
 
 STOP_JOB = "stop_topology_job"
 START_JOB = "start_topology_job"

@@ -45,16 +45,17 @@ from stream_assets.control.desired_state import (
     Heartbeat,
     heartbeats,
 )
-from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.jobs.failures import acting_on, failure
 from stream_assets.jobs.supervisor import failure_message, instance_runs, run_index
 from stream_assets.plan.topology import Topology
 from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.resources.spark import SparkResource
 from stream_assets.resources.state_store import RocksDBStateStoreResource
+from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import TopicLayout
+from stream_assets.rocketmq.provision import provision_topics
 from stream_assets.runtime.clients import admin_for
 
 SCALE_JOB = "scale_job"

@@ -50,7 +50,8 @@ still judged, so a dead one does not stay STARTED. Settings:
 
 Example (one pass, as the sensor makes it)::
 
-    >>> for item in plan_topology(instance, "wordcount", state, time.time()):  # doctest: +SKIP
+    >>> settings, now = SupervisorSettings(), time.time()  # doctest: +SKIP
+    >>> for item in plan_topology(instance, "wordcount", state, now, settings):  # doctest: +SKIP
     ...     print(item if isinstance(item, str) else item.run_key)
     wordcount: instance 0 (run 3f2a...): its process 4242 on node-1 is gone; marked failed
     wordcount:g3:i0:a1
@@ -629,7 +630,7 @@ def plan_topology(
     name: str,
     state: DesiredState,
     now: float,
-    settings: SupervisorSettings | None = None,
+    settings: SupervisorSettings,
 ) -> Iterator[dg.RunRequest | str]:
     """Run requests (and log lines) that bring ``name`` to its desired state.
 
@@ -637,7 +638,6 @@ def plan_topology(
     requests a run for every index of the allocation that has no unfinished
     run, unless the topology is paused, stopped or the index is backing off.
     """
-    settings = settings or SupervisorSettings()
     runs = instance_runs(instance, name)
     ended = yield from _settle(instance, name, state, runs, now, settings)
     # Terminating a hung run takes seconds: the backoff counts from the real time.

@@ -69,8 +69,9 @@ def _deploy(args: argparse.Namespace) -> int:
 
 def _topic(args: argparse.Namespace) -> int:
     from stream_assets.rocketmq.admin import RocketMQAdmin
+    from stream_assets.settings import RocketMQSettings
 
-    with RocketMQAdmin() as admin:
+    with RocketMQAdmin(RocketMQSettings()) as admin:
         if args.action == "create":
             route = admin.create_topic(args.name, args.queues)
             print(f"topic {args.name}: {route.write_queue_count} queues")
@@ -82,8 +83,9 @@ def _topic(args: argparse.Namespace) -> int:
 
 def _roundtrip(args: argparse.Namespace) -> int:
     from stream_assets.roundtrip import run_roundtrip
+    from stream_assets.settings import RocketMQSettings
 
-    report = run_roundtrip(messages=args.messages, queues=args.queues)
+    report = run_roundtrip(messages=args.messages, queues=args.queues, settings=RocketMQSettings())
     print(report.describe())
     return 0 if report.ok else 1
 
@@ -105,8 +107,11 @@ def _run(args: argparse.Namespace) -> int:
         print("matches an independent count: " + ("yes" if report.matches else "NO"))
         return 0 if report.matches else 1
     from stream_assets.runtime.instance import Instance
+    from stream_assets.settings import EngineSettings, RocketMQSettings
 
-    instance = Instance(EXAMPLES[args.example]())
+    instance = Instance(
+        EXAMPLES[args.example](), rocketmq=RocketMQSettings(), engine=EngineSettings()
+    )
     instance.start()
     try:
         while True:
@@ -122,6 +127,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _state(args: argparse.Namespace) -> int:
     from stream_assets.control.state_query import parse_key, parse_window, query_state
+    from stream_assets.settings import RocketMQSettings
 
     key = parse_key(args.key, as_json=args.json)
     window = parse_window(args.window) if args.window else None
@@ -130,6 +136,7 @@ def _state(args: argparse.Namespace) -> int:
         key,
         window=window,
         operator=args.operator,
+        rocketmq=RocketMQSettings(),
         progress=lambda line: print(line, file=sys.stderr),
     )
     if not answer.found:

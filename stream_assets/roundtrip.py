@@ -5,7 +5,8 @@ The smoke test behind ``stream-assets roundtrip`` and the baseline that
 
 Example::
 
-    >>> report = run_roundtrip(messages=100, queues=4)  # doctest: +SKIP
+    >>> settings = RocketMQSettings()
+    >>> report = run_roundtrip(messages=100, queues=4, settings=settings)  # doctest: +SKIP
     >>> report.ok  # doctest: +SKIP
     True
 """
@@ -64,10 +65,16 @@ def run_roundtrip(
     messages: int = 1000,
     queues: int = 8,
     body_bytes: int = 64,
-    settings: RocketMQSettings | None = None,
+    *,
+    settings: RocketMQSettings,
 ) -> RoundtripReport:
-    """Create a fresh topic, send ``messages`` keyed messages, read every queue back."""
-    settings = settings or RocketMQSettings()
+    """Create a fresh topic, send ``messages`` keyed messages, read every queue back.
+
+    Example::
+
+        >>> run_roundtrip(100, 4, settings=RocketMQSettings()).ok  # doctest: +SKIP
+        True
+    """
     topic = f"roundtrip-{uuid.uuid4().hex[:12]}"
     keys = [f"key-{i % max(1, messages // 10)}" for i in range(messages)]
 

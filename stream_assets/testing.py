@@ -4,8 +4,9 @@ In the spirit of Kafka Streams' ``TopologyTestDriver``: :class:`TopologyTestDriv
 runs any :class:`~stream_assets.plan.topology.Topology` with the same per-queue
 functions an instance runs inside its Spark tasks
 (:func:`~stream_assets.runtime.stateless.run_source_batch` for stage 0,
-:func:`~stream_assets.keyed.run_keyed_batch` for the stateful
-stage), a real :class:`~stream_assets.state.store.QueueStateStore` (RocksDB)
+:func:`~stream_assets.keyed.attempt.run_stateful_batch` for a stateful stage:
+the currency check against the state topic, fencing, the keyed batch and its
+conflict retries), a real :class:`~stream_assets.state.store.QueueStateStore` (RocksDB)
 per shuffle queue in a temporary directory, and the real changelog writer,
 which writes to an in-memory state topic. Topics are lists of
 :class:`~stream_assets.rocketmq.records.Record` per queue
@@ -59,15 +60,16 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from stream_assets.keyed import read_key_state, run_keyed_batch
+from stream_assets.keyed import read_key_state
+from stream_assets.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
-from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
-from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
+from stream_assets.rocketmq.reader import PullBatch, PullStatus
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
 from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.runtime.context import StageContext, TaskStats
@@ -76,12 +78,7 @@ from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
-from stream_assets.state.restore import (
-    RestoreResult,
-    ensure_current,
-    restore_queue,
-    state_queue,
-)
+from stream_assets.state.restore import RestoreResult, restore_queue, state_queue
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import Window
 
@@ -289,19 +286,23 @@ class InMemoryBroker:
         return record
 
 
-class _StateTopicView:
-    """What :func:`~stream_assets.state.restore.restore_queue` reads a state queue through
-    (the admin's offsets and the reader's pulls), over an in-memory topic."""
+class _TopicView:
+    """The broker's admin offsets and reader pulls, over in-memory topics: what the state
+    layer reads a state queue through (:mod:`~stream_assets.state.ports`), and what a
+    stateful batch reads its input through."""
 
     def __init__(self, broker: InMemoryBroker) -> None:
         self.broker = broker
+
+    def queue(self, topic: str, queue_id: int) -> MessageQueue:
+        """Queue ``queue_id`` of ``topic`` (one broker: the index is the queue id)."""
+        return MessageQueue(topic, _BROKER_NAME, queue_id)
 
     def get_kv(self, namespace: str, key: str) -> None:
         return None  # no stored layouts: one broker, queue index == queue id
 
     def queues(self, topic: str) -> list[MessageQueue]:
-        count = self.broker.topic(topic).queue_count
-        return [MessageQueue(topic, _BROKER_NAME, q) for q in range(count)]
+        return [self.queue(topic, q) for q in range(self.broker.topic(topic).queue_count)]
 
     def min_offset(self, queue: MessageQueue) -> int:
         return 0
@@ -806,15 +807,9 @@ class TopologyTestDriver:
         for q, start, end in ranges:
             if end <= start and not tick:
                 continue
-            store = self._store(stage, q)
-            restores = self._make_current(stage, q, store)
-            records = topic.read(q, start, end)
+            ports = self._ports(stage, q)
             with contextlib.redirect_stdout(self._stdout):
-                stats = run_keyed_batch(
-                    ctx, q, end, records, store, SendBuffer(self.broker), idle, self.wall_clock_ms
-                )
-            stats.restores = restores
-            stats.state_keys = store.estimated_key_count()
+                stats = run_stateful_batch(ctx, q, start, end, ports, idle, self.wall_clock_ms)
             self.stats.append(stats)
             committed[q] = end
             progressed |= end > start
@@ -830,22 +825,22 @@ class TopologyTestDriver:
             self._stores[(stage.index, queue_id)] = store
         return store
 
-    def _make_current(self, stage: Stage, queue_id: int, store: QueueStateStore) -> int:
-        """As the Spark adapter: a store behind its state queue is rebuilt first (1 if so)."""
+    def _ports(self, stage: Stage, queue_id: int) -> QueuePorts:
+        """What the engine's stateful batch runs against here: the driver's open store
+        (lent, not closed, per attempt), the in-memory topics, a send buffer over them."""
         assert stage.state_topic is not None
-        view = _StateTopicView(self.broker)
-        admin = cast(RocketMQAdmin, view)
-        queue = state_queue(admin, stage.state_topic, queue_id)
-        restored = ensure_current(store, queue, admin, cast(QueueReader, view))
-        return 0 if restored is None else 1
+        store = self._store(stage, queue_id)
+        view = _TopicView(self.broker)
+        return QueuePorts(
+            store=lambda: contextlib.nullcontext(store),
+            admin=view,
+            reader=view,
+            state_queue=state_queue(view, stage.state_topic, queue_id),
+            input_queue=view.queue(stage.input_topic, queue_id),
+            sender=lambda: SendBuffer(self.broker),
+        )
 
     def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:
         assert stage.state_topic is not None
-        view = _StateTopicView(self.broker)
-        return restore_queue(
-            store,
-            stage.state_topic,
-            queue_id,
-            cast(RocketMQAdmin, view),
-            cast(QueueReader, view),
-        )
+        view = _TopicView(self.broker)
+        return restore_queue(store, stage.state_topic, queue_id, view, view)

@@ -1,4 +1,4 @@
-"""The control plane Dagster drives: allocation, desired state, registry, lineage, topics, restores.
+"""The control plane Dagster drives: allocation, desired state, registry, lineage, resets.
 
 - :mod:`~stream_assets.control.allocation`: :func:`allocate` queues to instances
   (RocketMQ's average strategy, or sticky), :func:`moves` between allocations.
@@ -7,14 +7,13 @@
 - :mod:`~stream_assets.control.registry`: :data:`REGISTRY` of deployed topologies,
   their scale schedules, and the run tag keys.
 - :mod:`~stream_assets.control.lineage`: topics and topologies as asset specs.
-- :mod:`~stream_assets.control.topics`: :func:`provision_topics`, a topology's
-  topics on the broker, provisioned before a scale and before an instance starts.
-- :mod:`~stream_assets.control.restore`: :func:`warm_queues`, the state of
-  queues an instance gains brought up to date before the handover.
 
-The package re-exports nothing: the engine imports ``topics`` and ``restore``
-and must not load Dagster, which ``desired_state``, ``lineage`` and
-``registry`` import. Import from the module that holds the name.
+Nothing the engine (:mod:`stream_assets.runtime`) runs lives here: a
+topology's topics are provisioned by :mod:`stream_assets.rocketmq.provision`,
+and the stores of queues an instance gains are warmed by
+:mod:`stream_assets.runtime.warm_up`. The package re-exports nothing:
+``desired_state``, ``lineage`` and ``registry`` load Dagster, which a module
+imported on its own need not. Import from the module that holds the name.
 
 Example::
 

@@ -39,7 +39,6 @@ Example::
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.state.changelog import MessageSender
 from stream_assets.state.errors import StateLockedError
+from stream_assets.state.paths import StoreLocation, job_dir, job_stores
 from stream_assets.state.reset import (
     EmptySnapshot,
     StateQueueHead,
@@ -71,7 +71,6 @@ Progress = Callable[[str], None]
 
 #: Epoch milliseconds below this are taken for a mistake (seconds, most likely): 1973-03-03.
 _MIN_EPOCH_MS = 100_000_000_000
-_QUEUE_DIR = re.compile(r"^queue-(\d+)$")
 #: How many differences a refusal lists by name.
 _NAMED = 5
 
@@ -158,25 +157,6 @@ class TopicReset:
 
 
 @dataclass(frozen=True)
-class LocalStore:
-    """A local RocksDB store of the job: ``path`` = ``root/job/operator/queue-N``."""
-
-    root: Path
-    job_id: str
-    operator_id: str
-    queue_id: int
-
-    @property
-    def path(self) -> Path:
-        """The store's directory."""
-        return self.root / self.job_id / self.operator_id / f"queue-{self.queue_id}"
-
-    def store(self) -> QueueStateStore:
-        """The (unopened) store."""
-        return QueueStateStore(self.root, self.job_id, self.operator_id, self.queue_id)
-
-
-@dataclass(frozen=True)
 class ResetPlan:
     """What :func:`apply_reset` will do; :meth:`describe` says it in words.
 
@@ -195,9 +175,9 @@ class ResetPlan:
     state: tuple[StateQueueHead, ...]
     #: None: local stores are not touched.
     state_root: Path | None
-    local_stores: tuple[LocalStore, ...]
+    local_stores: tuple[StoreLocation, ...]
     #: Local stores another process had open when planned.
-    held_stores: tuple[LocalStore, ...] = ()
+    held_stores: tuple[StoreLocation, ...] = ()
     #: Topics of the topology the broker does not have (it never ran): nothing to reset there.
     missing_topics: tuple[str, ...] = ()
     planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
@@ -256,7 +236,7 @@ class ResetPlan:
             lines.append(f"{step}. local stores: not touched (no state root given)")
         else:
             lines.append(
-                f"{step}. local stores under {self.state_root / self.job_id}: "
+                f"{step}. local stores under {job_dir(self.state_root, self.job_id)}: "
                 f"{len(self.local_stores)} wiped "
                 "(they would restore to empty anyway; wiping saves the restores)"
             )
@@ -358,7 +338,7 @@ def plan_reset(
             missing.append(state_topic)
             continue
         heads += [inspect_state_queue(admin, reader, q) for q in queues]
-    stores = local_stores(state_root, topology.job_id) if state_root is not None else []
+    stores = job_stores(state_root, topology.job_id) if state_root is not None else []
     return ResetPlan(
         job_id=topology.job_id,
         group=group,
@@ -500,31 +480,15 @@ def _empty_state(
             producer.close()
 
 
-def local_stores(state_root: Path, job_id: str) -> list[LocalStore]:
-    """Every RocksDB store of ``job_id`` under ``state_root`` (``job/operator/queue-N``).
-
-    >>> local_stores(Path("/nonexistent"), "wordcount")
-    []
-    """
-    job_dir = state_root / job_id
-    if not job_dir.is_dir():
-        return []
-    found = []
-    for op_dir in sorted(p for p in job_dir.iterdir() if p.is_dir()):
-        for queue_dir in sorted(op_dir.iterdir()):
-            match = _QUEUE_DIR.match(queue_dir.name)
-            if match and queue_dir.is_dir():
-                found.append(LocalStore(state_root, job_id, op_dir.name, int(match.group(1))))
-    return sorted(found, key=lambda s: (s.operator_id, s.queue_id))
-
-
-def wipe_local_stores(stores: Sequence[LocalStore], progress: Progress | None = None) -> list[Path]:
+def wipe_local_stores(
+    stores: Sequence[StoreLocation], progress: Progress | None = None
+) -> list[Path]:
     """Delete ``stores``; returns their paths. Raises :class:`ResetRefusedError` for one that
     another process holds (a running instance), before deleting anything.
 
     Example::
 
-        >>> stores = local_stores(Path(".local/state"), "wordcount")  # doctest: +SKIP
+        >>> stores = job_stores(Path(".local/state"), "wordcount")  # doctest: +SKIP
         >>> wipe_local_stores(stores, print)  # doctest: +SKIP
     """
     held = [s for s in stores if _held(s)]
@@ -534,17 +498,18 @@ def wipe_local_stores(stores: Sequence[LocalStore], progress: Progress | None = 
             f"{held[0].job_id} seems to run on this machine; stop it first"
         )
     for local in stores:
-        local.store().wipe()
+        QueueStateStore.at(local).wipe()
     if stores and progress is not None:
-        progress(f"wiped {len(stores)} local stores under {stores[0].root / stores[0].job_id}")
+        where = job_dir(stores[0].root, stores[0].job_id)
+        progress(f"wiped {len(stores)} local stores under {where}")
     return [s.path for s in stores]
 
 
-def _held(local: LocalStore) -> bool:
+def _held(local: StoreLocation) -> bool:
     """Whether another process has ``local`` open (asks nothing of it: no release request)."""
     if not local.path.is_dir():
         return False
-    store = local.store()
+    store = QueueStateStore.at(local)
     try:
         store.open(wait_s=0)
     except StateLockedError:

@@ -26,10 +26,10 @@ The key's queue is chosen exactly as stage 0 routes it:
 
 Example::
 
-    >>> answer = query_state("wordcount", "the")  # doctest: +SKIP
+    >>> answer = query_state("wordcount", "the", rocketmq=settings)  # doctest: +SKIP
     >>> answer.value, answer.queue_id, answer.read_from  # doctest: +SKIP
     ({'count': 1042}, 5, 'wordcount__state__aggregate-3[5] at seq 17 (offset 18)')
-    >>> query_state("wordcount", "never-seen").found  # doctest: +SKIP
+    >>> query_state("wordcount", "never-seen", rocketmq=settings).found  # doctest: +SKIP
     False
 """
 
@@ -308,7 +308,7 @@ def query_state(
     picks the aggregate when the topology has several. ``window`` asks for one
     window of a windowed aggregate. The broker is reached with ``admin`` and
     ``reader`` if given (they are left open), else with clients made from
-    ``rocketmq`` (default: the environment's settings) and closed on return.
+    ``rocketmq`` (one of the two is needed) and closed on return.
     The queue is rebuilt in a temporary directory under ``scratch_dir``
     (default: the system's), deleted on return; ``progress`` hears how far a
     long rebuild is.
@@ -320,11 +320,11 @@ def query_state(
 
     Example::
 
-        >>> answer = query_state("windowed-sum", "sensor-1",
+        >>> answer = query_state("windowed-sum", "sensor-1", rocketmq=settings,
         ...                      window=Window(0, 10_000))  # doctest: +SKIP
         >>> answer.value  # doctest: +SKIP
         {'sum': 12.5}
-        >>> query_state("windowed-sum", "sensor-1").value  # doctest: +SKIP
+        >>> query_state("windowed-sum", "sensor-1", rocketmq=settings).value  # doctest: +SKIP
         {Window(start=0, end=10000): {'sum': 12.5}, Window(start=10000, end=20000): {'sum': 3.0}}
     """
     started = time.perf_counter()
@@ -339,7 +339,10 @@ def query_state(
         )
     say = progress or (lambda _line: None)
     own_admin = admin is None
-    admin = admin if admin is not None else RocketMQAdmin(rocketmq or RocketMQSettings())
+    if admin is None:
+        if rocketmq is None:
+            raise ValueError("query_state needs the RocketMQ settings (rocketmq=) or an admin")
+        admin = RocketMQAdmin(rocketmq)
     own_reader = reader is None
     try:
         try:

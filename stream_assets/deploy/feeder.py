@@ -34,12 +34,23 @@ def text_lines(rnd: random.Random, count: int, words_per_line: int = 8) -> list[
     return [" ".join(rnd.choices(VOCABULARY, k=words_per_line)) for _ in range(count)]
 
 
-def feed(topic: str, lines_per_s: float, stop: threading.Event, seed: int = 0) -> int:
-    """Send to ``topic`` every half second until ``stop``; the number of lines sent."""
+def feed(
+    settings: RocketMQSettings,
+    topic: str,
+    lines_per_s: float,
+    stop: threading.Event,
+    seed: int = 0,
+) -> int:
+    """Send to ``topic`` every half second until ``stop``; the number of lines sent.
+
+    Example::
+
+        >>> feed(RocketMQSettings(), "sourceTopic", 200, threading.Event())  # doctest: +SKIP
+    """
     rnd = random.Random(seed or time.time_ns())
     sent, said_at, tick = 0, time.monotonic(), 0.5
     per_tick = max(1, round(lines_per_s * tick / LINES_PER_MESSAGE)) * LINES_PER_MESSAGE
-    with Producer(RocketMQSettings()) as producer:
+    with Producer(settings) as producer:
         while not stop.wait(tick):
             lines = text_lines(rnd, per_tick)
             for i in range(0, len(lines), LINES_PER_MESSAGE):
@@ -61,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     stop = threading.Event()
     # SIGTERM (the deployment's `down`) ends the current send and exits cleanly.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    feed(args.topic, args.lines_per_s, stop)
+    feed(RocketMQSettings(), args.topic, args.lines_per_s, stop)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def run_wordcount_demo(
         instance = Instance(
             wordcount.build(f"demo-wordcount-{run_id}", source, sink),
             rocketmq=rocketmq,
-            engine=engine,
+            engine=engine or EngineSettings(),
         )
         start = time.perf_counter()
         instance.start()

@@ -21,11 +21,11 @@ from typing import Any
 
 from stream_assets.keyed.logic import Late
 from stream_assets.keyed.results import Result, computed, result_key, shown_result
-from stream_assets.operators.chain import UserFunctionError
 from stream_assets.operators.metadata import Metadata
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import origin_id
 from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.chain import UserFunctionError
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outputs import StageOutputs, dead_letter, message_key
 from stream_assets.runtime.ports import Sender

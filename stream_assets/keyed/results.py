@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stream_assets.operators.chain import UserFunctionError
 from stream_assets.plan import nodes as n
+from stream_assets.runtime.chain import UserFunctionError
 from stream_assets.windows import Window
 
 #: A result: (origin for message keys, as key parts; value; event time; key).

@@ -8,10 +8,11 @@ These functions speak the broker's admin requests (``AUTH_CREATE_USER``,
 ``AUTH_CREATE_ACL``, ...) signed with the admin's own credentials.
 
 :func:`topology_grants` lists what a topology's (non-admin) user needs;
-:func:`check_credentials` makes the cheapest authenticated calls an instance
-will make and raises :class:`~stream_assets.rocketmq.errors.CredentialsRefusedError`
-(naming the user, the operation and the resource, never the secret) when the
-broker refuses them, before anything expensive starts.
+:func:`check_credentials` (for a topology: :func:`check_topology_credentials`)
+makes the cheapest authenticated calls an instance will make and raises
+:class:`~stream_assets.rocketmq.errors.CredentialsRefusedError` (naming the
+user, the operation and the resource, never the secret) when the broker
+refuses them, before anything expensive starts.
 
 Example::
 
@@ -339,7 +340,7 @@ def topology_grants(
     engine also uses ``<group>-planned``, ``-warm``, ``-reset`` and
     ``-state-query``. With ``create_topics=False`` the user gets no Create:
     an admin provisions the topology's topics beforehand
-    (:func:`~stream_assets.control.topics.provision_topics` with admin settings).
+    (:func:`~stream_assets.rocketmq.provision.provision_topics` with admin settings).
 
     >>> from stream_assets.examples import wordcount
     >>> for g in topology_grants(wordcount.build()):
@@ -482,6 +483,30 @@ def check_credentials(
                 raise_if_refused(reply, access_key, operation, resource)
     finally:
         pool.close()
+
+
+def check_topology_credentials(admin: RocketMQAdmin, topology: Topology, group: str) -> None:
+    """Fail fast if the brokers refuse ``admin``'s user anything ``topology`` does
+    (:func:`check_credentials`; topics not created yet are skipped). Raises
+    ``CredentialsRefusedError`` naming the user, the operation and the settings to fix.
+
+    Example::
+
+        >>> check_topology_credentials(admin, wordcount.build(), "wordcount")  # doctest: +SKIP
+    """
+    t = topology
+    check_credentials(
+        admin,
+        [*t.source_topics, *t.shuffle_topics, *t.state_topics],
+        group,
+        publish=[
+            *t.shuffle_topics,
+            *t.state_topics,
+            *t.sink_topics,
+            *t.late_topics,
+            t.dead_letter_topic,
+        ],
+    )
 
 
 def _topic_brokers(admin: RocketMQAdmin, topics: Iterable[str]) -> list[tuple[str, str]]:

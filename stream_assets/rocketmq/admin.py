@@ -154,8 +154,8 @@ def credentials_of(settings: RocketMQSettings) -> Credentials | None:
 class RocketMQAdmin:
     """Control-plane calls against a name server and its brokers."""
 
-    def __init__(self, settings: RocketMQSettings | None = None) -> None:
-        self.settings = settings or RocketMQSettings()
+    def __init__(self, settings: RocketMQSettings) -> None:
+        self.settings = settings
         self._pool = ConnectionPool(self.settings.request_timeout_s, credentials_of(self.settings))
         # Broker addresses rarely change; offset calls would otherwise ask the
         # name server once per call.

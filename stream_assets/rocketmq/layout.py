@@ -6,7 +6,7 @@ queues. The engine numbers them by position in the layout, sorted by broker
 name then queue id (the order of RocketMQ's own allocation strategies), and
 uses that index wherever a queue is one of a fixed set: shuffle targets
 (``key hash % count``), the state queue of a shuffle queue, origins, the
-allocation. A layout is fixed for a job's life (control/topics.py stores it
+allocation. A layout is fixed for a job's life (rocketmq/provision.py stores it
 on the name server), so an index never changes meaning when a broker group
 comes or goes: a group missing from the route is an outage, not a new layout.
 
@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.admin import MessageQueue
 
 #: The name server KV namespace holding each positional topic's layout, by topic name.
 LAYOUT_NAMESPACE = "stream-assets-layout"
@@ -112,9 +113,25 @@ class TopicLayout:
             raise ValueError(f"stored layout of topic {topic!r} is not readable: {exc}") from exc
 
 
-def current_layout(admin: RocketMQAdmin, topic: str) -> TopicLayout:
+class LayoutSource(Protocol):
+    """What :func:`current_layout` reads: the name server's stored layouts and a topic's
+    queues now (a :class:`~stream_assets.rocketmq.admin.RocketMQAdmin`, or an in-memory
+    stand-in)."""
+
+    def get_kv(self, namespace: str, key: str) -> str | None: ...
+
+    def queues(self, topic: str) -> list[MessageQueue]: ...
+
+
+def current_layout(admin: LayoutSource, topic: str) -> TopicLayout:
     """``topic``'s layout as the engine fixed it (stored on the name server), else its
-    route's now (a topic the engine never provisioned)."""
+    route's now (a topic the engine never provisioned).
+
+    Example::
+
+        >>> current_layout(admin, "wordcount__state__aggregate-3").queue(2)  # doctest: +SKIP
+        MessageQueue(topic='wordcount__state__aggregate-3', broker_name='broker-a', queue_id=2)
+    """
     stored = admin.get_kv(LAYOUT_NAMESPACE, topic)
     if stored is not None:
         return TopicLayout.decode(topic, stored)

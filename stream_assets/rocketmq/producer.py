@@ -10,7 +10,7 @@ gives every output message a deterministic key.
 
 Example::
 
-    >>> with Producer() as producer:  # doctest: +SKIP
+    >>> with Producer(RocketMQSettings()) as producer:  # doctest: +SKIP
     ...     receipt = producer.send("orders", b'{"id": 1}', key="customer-7")
     >>> receipt.queue_id == queue_for_key("customer-7", 8)  # doctest: +SKIP
     True
@@ -68,11 +68,11 @@ class Producer:
 
     def __init__(
         self,
-        settings: RocketMQSettings | None = None,
+        settings: RocketMQSettings,
         admin: RocketMQAdmin | None = None,
         group: str | None = None,
     ) -> None:
-        self.settings = settings or RocketMQSettings()
+        self.settings = settings
         self._admin = admin or RocketMQAdmin(self.settings)
         self._owns_admin = admin is None
         self._group = group or self.settings.producer_group

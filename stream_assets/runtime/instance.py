@@ -13,7 +13,7 @@ queue move to another instance.
 
 Example::
 
-    >>> inst = Instance(wordcount.build())  # doctest: +SKIP
+    >>> inst = Instance(wordcount.build(), rocketmq=rocketmq, engine=engine)  # doctest: +SKIP
     >>> inst.start(); inst.await_caught_up(timeout_s=120); inst.stop()  # doctest: +SKIP
 """
 
@@ -31,12 +31,12 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stream_assets.control.restore import warm_queues
-from stream_assets.control.topics import check_topology_credentials, provision_topics
 from stream_assets.plan.topology import Stage, Topology, origin_id
+from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundError
 from stream_assets.rocketmq.layout import TopicLayout
+from stream_assets.rocketmq.provision import provision_topics
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
@@ -47,6 +47,7 @@ from stream_assets.runtime.spark_logging import quiet_spark_conf
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
 from stream_assets.runtime.user_code import ship_user_code
+from stream_assets.runtime.warm_up import warm_queues
 from stream_assets.runtime.worker_launcher import worker_python
 from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
 
@@ -129,8 +130,9 @@ class Instance:
         self,
         topology: Topology,
         group: str | None = None,
-        rocketmq: RocketMQSettings | None = None,
-        engine: EngineSettings | None = None,
+        *,
+        rocketmq: RocketMQSettings,
+        engine: EngineSettings,
         assignment: dict[str, list[int]] | None = None,
         generation: int = 0,
         progress: Progress = _print,
@@ -141,8 +143,9 @@ class Instance:
         #: Which instance of the topology this is: its metrics label and endpoint port.
         self.index = index
         self.group = group or topology.job_id
-        self.rocketmq = rocketmq or RocketMQSettings()
-        self.engine = engine or EngineSettings()
+        # The caller's settings (its entry point read the environment): the engine reads none.
+        self.rocketmq = rocketmq
+        self.engine = engine
         self.assignment = assignment
         self.generation = generation
         self.progress = progress

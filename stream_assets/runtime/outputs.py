@@ -6,7 +6,7 @@ again. Every output message therefore has a deterministic key, ``job/operator/
 other output, so consumers can de-duplicate. The origin is the source record
 (``topic/queue/offset``) before an aggregate, the result after one: window
 and key, or for an unwindowed aggregate the key and its version
-(``<result key>/v<version>``, see :mod:`~stream_assets.runtime.stateful`); the
+(``<result key>/v<version>``, see :mod:`~stream_assets.keyed.results`); the
 position tells apart the outputs of one origin (a ``flat_map``, several sinks).
 The sink queue is chosen by ``route_key``: the result key after an aggregate,
 so one queue holds every update of a key in order; the source queue before

@@ -1,12 +1,14 @@
 """The small interfaces the per-queue core talks to (no Spark, no sockets behind them).
 
-The core (:mod:`~stream_assets.runtime.stateless`, :mod:`~stream_assets.runtime.stateful`)
+The core (:mod:`~stream_assets.runtime.stateless`, :mod:`~stream_assets.keyed.batch`)
 reads records it is handed, writes through a :class:`Sender` and keeps state in
 a :class:`~stream_assets.state.store.QueueStateStore`. The Spark adapter
 (:mod:`~stream_assets.runtime.spark_task`) plugs in a
 :class:`~stream_assets.runtime.send_buffer.SendBuffer` over the batching
 producer; the public test driver (:mod:`stream_assets.testing`) one over
-in-memory topics.
+in-memory topics. What a stateful batch reads offsets and records through
+(to prove its store current, to restore it) are the state layer's ports:
+:mod:`stream_assets.state.ports`.
 
 Example: any object with ``send`` and ``flush`` works::
 

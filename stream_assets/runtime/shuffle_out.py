@@ -44,10 +44,10 @@ from operator import itemgetter
 from typing import Any
 
 from stream_assets.operators.aggregates import Accumulator, Composite, Count
-from stream_assets.operators.chain import Element, UserFunctionError
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Exit
 from stream_assets.rocketmq.hashing import queue_for_key
+from stream_assets.runtime.chain import Element, UserFunctionError
 from stream_assets.runtime.context import MAX_BODY_BYTES, StageContext, TaskStats
 from stream_assets.runtime.ports import Sender
 from stream_assets.runtime.shuffle_codec import (

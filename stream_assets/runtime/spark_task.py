@@ -7,14 +7,16 @@ for settings. The one thing a task takes from the executor it runs on is
 *where its local disk is* (Spark's local directory), because the state of a
 queue must be on the machine that runs it.
 
-A stateful queue's task first proves its local RocksDB is current: the store's
-log end (where its last changelog write ended) must equal the state queue's
-end offset, one offset query. Spark may run a queue on any executor, and the
-Python Data Source API gives no preferred locations, so a queue that moved, or
-whose executor fell behind another's writes, restores from the state topic
-(latest snapshot + tail) before it applies anything. The changelog's
+A stateful queue's task runs :func:`~stream_assets.keyed.attempt.run_stateful_batch`,
+which first proves the local RocksDB current against the state topic (one
+offset query). Spark may run a queue on any executor, and the Python Data
+Source API gives no preferred locations, so a queue that moved, or whose
+executor fell behind another's writes, restores from the state topic (latest
+snapshot + tail) before it applies anything. The changelog's
 compare-and-append then guarantees that no two executors or instances ever
-both extend a queue's history.
+both extend a queue's history. What is Spark's here: the executor's disk, the
+Python worker's kept store handles, the per-process clients, and what a task
+prints (:mod:`~stream_assets.runtime.task_stdout`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stream_assets.keyed import check_owner, run_keyed_batch
+from stream_assets.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.layout import TopicLayout
@@ -43,10 +44,7 @@ from stream_assets.runtime.stateless import run_source_batch
 from stream_assets.runtime.store_handles import HANDLES
 from stream_assets.runtime.task_stdout import Lines, active_stdout_accumulator, run_printing
 from stream_assets.settings import RocketMQSettings
-from stream_assets.state.errors import ChangelogConflictError
-from stream_assets.state.restore import ensure_current
 
-_CONFLICT_ATTEMPTS = 3
 #: Spark's per-application directories under a configured local dir.
 _SPARK_APP_DIR = re.compile(r"^(blockmgr|spark|executor)-[0-9a-f-]{8,}$")
 
@@ -115,51 +113,26 @@ def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -
 def run_stateful_queue(
     ctx: TaskContext, queue_id: int, start: int, end: int, idle: tuple[int, ...]
 ) -> TaskStats:
-    """One batch of a stateful queue: prove the store current (restore if not), then apply.
+    """One batch of a stateful queue (:func:`~stream_assets.keyed.attempt.run_stateful_batch`):
+    its store on this executor's disk, kept open between batches by the Python worker.
 
-    A changelog conflict (someone appended between the check and the write, or
-    a send was retried and stored twice) voids the attempt without a local
-    commit; the batch runs again from the check, which then restores. A
-    newer owner found after the restore raises :class:`FencedError`.
+    >>> run_stateful_queue(ctx, 3, 120, 180, idle=()).restores  # doctest: +SKIP
+    0
     """
-    for attempt in range(_CONFLICT_ATTEMPTS):
-        try:
-            return _stateful_attempt(ctx, queue_id, start, end, idle)
-        except ChangelogConflictError:
-            if attempt == _CONFLICT_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _stateful_attempt(
-    ctx: TaskContext, queue_id: int, start: int, end: int, idle: tuple[int, ...]
-) -> TaskStats:
     stage = ctx.stage
     head = stage.stage.head
     assert head is not None and stage.stage.state_topic is not None
     settings = ctx.rocketmq
-    admin = admin_for(settings)
-    sender = SendBuffer(ctx.producer())
-    with HANDLES.use(ctx.state_root(), stage.job_id, head.op_id, queue_id) as store:
-        began = time.monotonic()
-        reader = reader_for(settings, ctx.group)
-        # The queue from the context (no route lookup): one offset query when current.
-        log = ctx.state_queue(queue_id)
-        restored = ensure_current(store, log, admin, reader)
-        check_owner(stage, store)  # before reading or sending anything
-        currency_s = time.monotonic() - began
-        records = reader.read(ctx.input_queue(queue_id), start, end)
-        stats = run_keyed_batch(stage, queue_id, end, records, store, sender, idle)
-        stats.currency_s = currency_s
-        if restored is not None:
-            stats.currency_s = max(0.0, currency_s - restored.seconds)
-            stats.restore_s, stats.restored_keys = restored.seconds, restored.keys
-            if restored.caught_up:
-                stats.catch_ups = 1
-            else:
-                stats.restores = 1
-        stats.state_keys = store.estimated_key_count()
-        stats.state_bytes = store.size_bytes()
+    ports = QueuePorts(
+        store=partial(HANDLES.use, ctx.state_root(), stage.job_id, head.op_id, queue_id),
+        admin=admin_for(settings),
+        reader=reader_for(settings, ctx.group),
+        # The queues from the context (no route lookup): one offset query when current.
+        state_queue=ctx.state_queue(queue_id),
+        input_queue=ctx.input_queue(queue_id),
+        sender=lambda: SendBuffer(ctx.producer()),
+    )
+    stats = run_stateful_batch(stage, queue_id, start, end, ports, idle)
     stats.settings_digest = settings.digest()
     return stats
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from stream_assets.operators.chain import OperatorGraph, UserFunctionError
 from stream_assets.operators.metadata import Metadata
 from stream_assets.plan.topology import Stage, origin_id
 from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.chain import OperatorGraph, UserFunctionError
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outputs import StageOutputs, dead_letter
 from stream_assets.runtime.ports import Sender

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stream_assets.state.paths import job_stores
 from stream_assets.state.store import QueueStateStore
 
 #: How often the watcher looks for release requests.
@@ -157,16 +158,14 @@ def release_job_stores(root: str | os.PathLike[str], job_id: str, wait_s: float 
     An instance calls it on stop: afterwards its state directories may be
     moved or deleted (a wipe under an open handle would let the stale handle
     write into a new database at the same path). Returns the stores released.
+
+    Example::
+
+        >>> release_job_stores(engine.state_dir, "wordcount")  # doctest: +SKIP
+        8
     """
-    job_dir = Path(root) / job_id
-    released = 0
-    if not job_dir.is_dir():
-        return 0
-    for op_dir in sorted(p for p in job_dir.iterdir() if p.is_dir()):
-        for queue_dir in sorted(op_dir.glob("queue-*")):
-            suffix = queue_dir.name.removeprefix("queue-")
-            if queue_dir.is_dir() and suffix.isdigit():
-                # Opening asks the holder to close; closing again leaves it free.
-                QueueStateStore(root, job_id, op_dir.name, int(suffix)).open(wait_s).close()
-                released += 1
-    return released
+    stores = job_stores(Path(root), job_id)
+    for location in stores:
+        # Opening asks the holder to close; closing again leaves it free.
+        QueueStateStore.at(location).open(wait_s).close()
+    return len(stores)

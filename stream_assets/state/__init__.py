@@ -5,6 +5,9 @@
 - :mod:`~stream_assets.state.records`: the state topic's message format.
 - :mod:`~stream_assets.state.changelog`: :func:`commit_with_changelog`, deltas and snapshots.
 - :mod:`~stream_assets.state.restore`: :func:`ensure_current`, :func:`restore_queue`.
+- :mod:`~stream_assets.state.ports`: what restores read the broker through (Protocols).
+- :mod:`~stream_assets.state.paths`: the directory layout, ``root/job/operator/queue-N``.
+- :mod:`~stream_assets.state.layout`: the key layout of every kind of state.
 
 Example::
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 
-from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.state.changelog import ChangelogWriter, MessageSender
 from stream_assets.state.errors import StateRestoreError
 from stream_assets.state.meta import StateMeta
+from stream_assets.state.ports import OffsetQueries, RangeReader
 from stream_assets.state.records import (
     ChangelogRecord,
     Delta,
@@ -79,7 +79,7 @@ class EmptySnapshot:
 
 
 def inspect_state_queue(
-    admin: RocketMQAdmin, reader: QueueReader, queue: MessageQueue
+    admin: OffsetQueries, reader: RangeReader, queue: MessageQueue
 ) -> StateQueueHead:
     """Read the end of ``queue``'s history: a few messages from its end, never all of it.
 
@@ -133,7 +133,7 @@ def append_empty_snapshot(
     # allocation does): a bumped generation would fence the very instances the
     # current allocation starts next, and 0 would un-fence a leftover writer of
     # an older allocation. writer: names the reset, so the next owner claims
-    # the queue with a commit of its own (runtime/stateful.py).
+    # the queue with a commit of its own (keyed/batch.py).
     # snapshot_offset: the previous complete snapshot; it becomes the begin
     # record's "snap", where a restore falls back if this snapshot is cut short
     # (the reset then simply did not happen for this queue).
@@ -152,7 +152,7 @@ def append_empty_snapshot(
     return EmptySnapshot(queue, begin, end, meta.seq, meta.generation)
 
 
-def _latest_meta(reader: QueueReader, queue: MessageQueue, low: int, high: int) -> StateMeta | None:
+def _latest_meta(reader: RangeReader, queue: MessageQueue, low: int, high: int) -> StateMeta | None:
     """The meta of the latest complete write, walking back from the queue's end.
 
     A snapshot's meta is in its begin record (its chunks and end point there);
@@ -182,7 +182,7 @@ def _latest_meta(reader: QueueReader, queue: MessageQueue, low: int, high: int) 
     return None
 
 
-def _record_at(reader: QueueReader, queue: MessageQueue, offset: int) -> ChangelogRecord | None:
+def _record_at(reader: RangeReader, queue: MessageQueue, offset: int) -> ChangelogRecord | None:
     """The valid record at ``offset``, or None when it is void."""
     batch = reader.pull(queue, offset, 1)
     if not batch.records:

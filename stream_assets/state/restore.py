@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.layout import current_layout, describe_pairs
-from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.serde.packing import PackingError, StreamUnpacker
 from stream_assets.state.errors import StateError, StateFormatError, StateRestoreError
 from stream_assets.state.meta import StateMeta
+from stream_assets.state.ports import OffsetQueries, RangeReader, StateTopicAdmin
 from stream_assets.state.records import (
     ChangelogRecord,
     Changes,
@@ -90,7 +90,7 @@ class RestoreResult:
 ProgressCallback = Callable[[RestoreProgress], None]
 
 
-def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> MessageQueue:
+def state_queue(admin: StateTopicAdmin, state_topic: str, queue_id: int) -> MessageQueue:
     """The queue of index ``queue_id`` of ``state_topic`` (its fixed layout, any number of
     broker groups)."""
     layout = current_layout(admin, state_topic)
@@ -104,7 +104,7 @@ def state_queue(admin: RocketMQAdmin, state_topic: str, queue_id: int) -> Messag
 
 
 def _last_record(
-    admin: RocketMQAdmin, reader: QueueReader, queue: MessageQueue
+    admin: OffsetQueries, reader: RangeReader, queue: MessageQueue
 ) -> tuple[ChangelogRecord | None, int, int]:
     """The last valid record of the queue, with the queue's min and max offsets."""
     low, high = admin.min_offset(queue), admin.max_offset(queue)
@@ -123,7 +123,7 @@ def _last_record(
     return None, low, high
 
 
-def topic_seq(admin: RocketMQAdmin, reader: QueueReader, state_topic: str, queue_id: int) -> int:
+def topic_seq(admin: StateTopicAdmin, reader: RangeReader, state_topic: str, queue_id: int) -> int:
     """Highest seq wholly written to the state queue (0 when it is empty).
 
     Reads only the queue's last message.
@@ -148,7 +148,7 @@ def is_current(meta: StateMeta, log_end: int) -> bool:
 
 
 def settled_end(
-    admin: RocketMQAdmin, queue: MessageQueue, at_least: int, timeout_s: float = 10.0
+    admin: OffsetQueries, queue: MessageQueue, at_least: int, timeout_s: float = 10.0
 ) -> int:
     """The queue's end offset, once it shows every record up to ``at_least``.
 
@@ -168,7 +168,7 @@ def settled_end(
 
 
 def local_is_current(
-    store: QueueStateStore, state_topic: str, queue_id: int, admin: RocketMQAdmin
+    store: QueueStateStore, state_topic: str, queue_id: int, admin: StateTopicAdmin
 ) -> bool:
     """Whether the local store holds every record of its state queue (one offset query).
 
@@ -189,8 +189,8 @@ def local_is_current(
 def ensure_current(
     store: QueueStateStore,
     queue: MessageQueue,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
+    admin: OffsetQueries,
+    reader: RangeReader,
     progress: ProgressCallback | None = None,
 ) -> RestoreResult | None:
     """Prove ``store`` holds its whole state ``queue``; catch up or restore it if not.
@@ -224,8 +224,8 @@ def ensure_current(
 def _catch_up(
     store: QueueStateStore,
     queue: MessageQueue,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
+    admin: OffsetQueries,
+    reader: RangeReader,
     end: int,
     progress: ProgressCallback | None,
 ) -> RestoreResult:
@@ -265,8 +265,8 @@ def restore_queue(
     store: QueueStateStore,
     state_topic: str,
     queue_id: int,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
+    admin: StateTopicAdmin,
+    reader: RangeReader,
     progress: ProgressCallback | None = None,
 ) -> RestoreResult:
     """Rebuild the empty (wiped) ``store`` from queue ``queue_id`` of ``state_topic``.
@@ -289,8 +289,8 @@ def restore_queue(
 def restore_from(
     store: QueueStateStore,
     queue: MessageQueue,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
+    admin: OffsetQueries,
+    reader: RangeReader,
     progress: ProgressCallback | None = None,
 ) -> RestoreResult:
     """:func:`restore_queue` from the state queue itself (the store's index resolved)."""
@@ -353,7 +353,7 @@ class _Replay:
     def __init__(
         self,
         store: QueueStateStore,
-        reader: QueueReader,
+        reader: RangeReader,
         queue: MessageQueue,
         end: int,
         progress: ProgressCallback | None,

@@ -38,6 +38,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stream_assets.state.errors import StateError, StateLockedError, StateSequenceError
 from stream_assets.state.meta import StateMeta
+from stream_assets.state.paths import StoreLocation
 
 _USER = b"u:"
 _META_KEY = b"m:meta"
@@ -61,7 +62,8 @@ def _upper_bound(prefix: bytes) -> bytes:
 
 
 class QueueStateStore:
-    """The RocksDB state of one operator on one queue, at ``root/job_id/operator_id/queue-<id>``.
+    """The RocksDB state of one operator on one queue, at ``root/job_id/operator_id/queue-<id>``
+    (:class:`~stream_assets.state.paths.StoreLocation`).
 
     Use it as a context manager (or :meth:`open` / :meth:`close`). Not
     thread-safe: one task owns a store at a time.
@@ -78,15 +80,12 @@ class QueueStateStore:
         queue_id: int,
         sync: bool = False,
     ) -> None:
-        for name, part in (("job_id", job_id), ("operator_id", operator_id)):
-            if not part or "/" in part or part in (".", ".."):
-                raise ValueError(f"{name} must be a plain directory name, got {part!r}")
-        if queue_id < 0:
-            raise ValueError(f"queue_id must be >= 0, got {queue_id}")
+        #: Where the database lives (raises ValueError for ids that are no directory names).
+        self.location = StoreLocation(Path(root), job_id, operator_id, queue_id)
         self.job_id = job_id
         self.operator_id = operator_id
         self.queue_id = queue_id
-        self.path = Path(root) / job_id / operator_id / f"queue-{queue_id}"
+        self.path = self.location.path
         self._sync = sync
         self._db: Rdict | None = None
         self._lock_inode: tuple[int, int] | None = None
@@ -94,13 +93,22 @@ class QueueStateStore:
 
     # -- lifecycle ---------------------------------------------------------
 
+    @classmethod
+    def at(cls, location: StoreLocation, sync: bool = False) -> QueueStateStore:
+        """The (unopened) store at ``location``.
+
+        >>> QueueStateStore.at(StoreLocation(Path("/state"), "wc", "count", 2)).queue_id
+        2
+        """
+        return cls(location.root, location.job_id, location.operator_id, location.queue_id, sync)
+
     @property
     def release_request(self) -> Path:
         """The file another process leaves to ask this store's holder to close it.
 
         Beside the database directory, not in it: a wipe must not remove it.
         """
-        return self.path.with_name(self.path.name + ".release")
+        return self.location.release_request
 
     def open(self, wait_s: float = DEFAULT_LOCK_WAIT_S) -> QueueStateStore:
         """Open (creating if missing) the database and load its meta.

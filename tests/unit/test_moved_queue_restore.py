@@ -7,11 +7,11 @@ from typing import Any, cast
 
 import pytest
 
-from stream_assets.control import restore as restore_module
-from stream_assets.control.restore import stateful_stages, warm_queues
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.runtime import warm_up as warm_up_module
+from stream_assets.runtime.warm_up import stateful_stages, warm_queues
 from stream_assets.state.restore import RestoreResult
 from stream_assets.state.store import QueueStateStore
 
@@ -48,8 +48,8 @@ def test_warm_up_catches_up_stateful_queues_and_leaves_held_ones_to_their_owner(
             snapshot_offset=None,
         )
 
-    monkeypatch.setattr(restore_module, "state_queue", fake_state_queue)
-    monkeypatch.setattr(restore_module, "ensure_current", fake_ensure_current)
+    monkeypatch.setattr(warm_up_module, "state_queue", fake_state_queue)
+    monkeypatch.setattr(warm_up_module, "ensure_current", fake_ensure_current)
     lines: list[str] = []
     # Queue 0's store is open here, as its current owner on this machine holds it.
     with QueueStateStore(tmp_path, topology.job_id, op_id, 0):

@@ -213,10 +213,7 @@ class _FakeInstance:
         return 4, 4096
 
 
-def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("STREAM_ASSETS_METRICS_RATE_WINDOW_S", "0.1")
+def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate() -> None:
     topology = wordcount.build()
     fake = _FakeInstance(topology, generation=5)
     config = InstanceConfig(topology="wordcount", generation=4, instance_index=1)
@@ -224,11 +221,11 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate(
 
     @dg.op
     def observe_twice(context: dg.OpExecutionContext) -> None:
-        _observe(context, config, fake, lag)  # type: ignore[arg-type]
+        _observe(context, config, fake, lag, 0.1)  # type: ignore[arg-type]
         fake.metrics[0].totals["records_in"] += 400
         fake.metrics[1].totals["outputs"] += 40
         time.sleep(0.2)
-        _observe(context, config, fake, lag)  # type: ignore[arg-type]
+        _observe(context, config, fake, lag, 0.1)  # type: ignore[arg-type]
 
     @dg.job
     def observe_job() -> None:
@@ -439,6 +436,8 @@ def test_the_topology_asset_shows_its_headline_first() -> None:
 
 #: Alerts the hooks received (STREAM_ASSETS_ALERT_HOOKS=tests.unit.test_observability:record).
 ALERTS: list[Alert] = []
+#: That setting's hooks, as the checks' callers pass them on.
+HOOKS = ("tests.unit.test_observability:record",)
 
 
 def record(alert: Alert) -> None:
@@ -570,10 +569,7 @@ def _report(instance: dg.DagsterInstance, outcomes: Sequence[Any]) -> dict[str, 
     return {o.check_name.split("__", 1)[1]: o.passed for o in outcomes}
 
 
-def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("STREAM_ASSETS_ALERT_HOOKS", "tests.unit.test_observability:record")
+def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations() -> None:
     ALERTS.clear()
     instance = dg.DagsterInstance.ephemeral()
     topology = wordcount.build()
@@ -587,7 +583,7 @@ def test_checks_lag_dead_letters_and_freshness_over_successive_evaluations(
     def evaluate() -> dict[str, bool]:
         """One evaluation as the checks sensor makes it: alert, then record the results."""
         outcomes = evaluate_topology(topology, broker, previous, settings, now)
-        raise_dead_letter_alerts(topology, outcomes, logged.append)
+        raise_dead_letter_alerts(topology, outcomes, HOOKS, logged.append)
         return _report(instance, outcomes)
 
     # First evaluation: nothing waiting, no dead-letter topic yet (baseline).

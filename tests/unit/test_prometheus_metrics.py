@@ -35,7 +35,7 @@ from stream_assets.runtime.prometheus import (
     MetricsEndpointError,
     endpoint_port,
 )
-from stream_assets.settings import EngineSettings, RocketMQSettings
+from stream_assets.settings import EngineSettings, MetricsSettings, RocketMQSettings
 
 #: Written out here, not imported: the label names are the endpoint's contract.
 QUEUE_LABELS = {"topology", "instance", "generation", "stage", "input", "topic", "queue"}
@@ -563,8 +563,9 @@ def test_the_instance_observation_carries_the_endpoint_url() -> None:
     config = InstanceConfig(topology="wc-prom", instance_index=1)
     context, observed = _Context(), _Observed(_topology())
     url = "http://host-7:9451/metrics"
-    _observe(context, config, observed, {}, url)  # type: ignore[arg-type]
-    _observe(context, config, observed, {})  # type: ignore[arg-type]
+    window_s = MetricsSettings().rate_window_s
+    _observe(context, config, observed, {}, window_s, url)  # type: ignore[arg-type]
+    _observe(context, config, observed, {}, window_s)  # type: ignore[arg-type]
     with_url, without = (e.metadata for e in context.events)
     assert with_url["instance_1.metrics_url"].value == url
     assert "instance_1.metrics_url" not in without

@@ -11,6 +11,7 @@ import pytest
 from stream_assets.examples import wordcount
 from stream_assets.runtime.instance import Instance
 from stream_assets.runtime.query_restart import RestartBudget, restartable
+from stream_assets.settings import EngineSettings, RocketMQSettings
 
 CONNECT_BACK = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat ..."
 
@@ -28,7 +29,12 @@ class FakeQuery:
 
 def _instance(queries: list[FakeQuery]) -> tuple[Instance, list[int], list[str]]:
     said: list[str] = []
-    inst = Instance(wordcount.build(), progress=said.append)
+    inst = Instance(
+        wordcount.build(),
+        rocketmq=RocketMQSettings(),
+        engine=EngineSettings(),
+        progress=said.append,
+    )
     started: list[int] = []
 
     def start_stage(stage: Any) -> FakeQuery:

@@ -22,7 +22,6 @@ from stream_assets.control.reset import (
     ResetRefusedError,
     apply_reset,
     format_time,
-    local_stores,
     parse_reset_time,
     plan_reset,
     wipe_local_stores,
@@ -51,6 +50,7 @@ from stream_assets.state import (
     ensure_current,
     restore_queue,
 )
+from stream_assets.state.paths import job_stores
 from stream_assets.state.records import SnapBegin, SnapEnd, decode_record
 from stream_assets.state.reset import append_empty_snapshot, inspect_state_queue
 from tests.immediate import ImmediateSender
@@ -432,7 +432,7 @@ def test_apply_commits_the_plan_empties_the_state_and_wipes_local_stores(
     meta = assert_restores_empty(broker, tmp_path / "fresh", broker.mq(state, 0))
     assert meta.seq == 5 and meta.generation == 2
     assert [p.exists() for p in result.wiped] == [False, False] and len(result.wiped) == 2
-    assert local_stores(root, "rs-wc") == []
+    assert job_stores(root, "rs-wc") == []
     assert any(line.startswith("source topic rs-src: committed 4 offsets") for line in lines)
     assert any(line.startswith(f"state topic {state}: empty snapshot") for line in lines)
     assert "6 offsets committed, 1 state queues emptied, 2 local stores wiped" in result.describe()
@@ -454,15 +454,16 @@ def test_apply_refuses_and_changes_nothing_when_something_moved_since_the_plan(
     assert "Nothing was changed" in str(info.value)
     assert broker.commits == []
     assert {q: broker.max_offset(broker.mq(state, q)) for q in range(2)} == ends
-    assert len(local_stores(root, "rs-wc")) == 2
+    assert len(job_stores(root, "rs-wc")) == 2
 
 
 def test_a_local_store_open_in_another_process_refuses_the_reset(
     deployed: tuple[FakeBroker, Any, Path],
 ) -> None:
     broker, topology, root = deployed
-    stores = local_stores(root, "rs-wc")
-    with stores[1].store() as held:  # RocksDB refuses a second open, as for another process
+    stores = job_stores(root, "rs-wc")
+    # RocksDB refuses a second open, as for another process
+    with QueueStateStore.at(stores[1]) as held:
         plan = plan_reset(topology, EARLIEST, broker.admin, broker.reader, state_root=root)
         assert plan.held_stores == (stores[1],)
         assert f"refused: local store {stores[1].path} is open" in plan.describe()

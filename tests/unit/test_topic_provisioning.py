@@ -8,13 +8,6 @@ from typing import cast
 
 import pytest
 
-from stream_assets.control.topics import (
-    LayoutChangedError,
-    ProvisionedTopics,
-    SourceTopicNotFoundError,
-    provision_topics,
-    topic_queue_counts,
-)
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import (
     BrokerRoute,
@@ -25,6 +18,13 @@ from stream_assets.rocketmq.admin import (
 )
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.layout import LAYOUT_NAMESPACE, TopicLayout
+from stream_assets.rocketmq.provision import (
+    LayoutChangedError,
+    ProvisionedTopics,
+    SourceTopicNotFoundError,
+    provision_topics,
+    topic_queue_counts,
+)
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 ENGINE = EngineSettings(shuffle_queues=4, sink_queues=2)

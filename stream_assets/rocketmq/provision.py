@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stream_assets.plan.topology import Topology
-from stream_assets.rocketmq.acl import check_credentials
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
@@ -151,31 +150,6 @@ def provision_topics(
     return ProvisionedTopics(
         layouts=layouts,
         source_queues={t: tuple(range(len(layouts[t]))) for t in topology.source_topics},
-    )
-
-
-def check_topology_credentials(admin: RocketMQAdmin, topology: Topology, group: str) -> None:
-    """Fail fast if the brokers refuse ``admin``'s user anything ``topology`` does
-    (:func:`~stream_assets.rocketmq.acl.check_credentials`; topics not created yet are
-    skipped). Raises ``CredentialsRefusedError`` naming the user, the operation and the
-    settings to fix.
-
-    Example::
-
-        >>> check_topology_credentials(admin, wordcount.build(), "wordcount")  # doctest: +SKIP
-    """
-    t = topology
-    check_credentials(
-        admin,
-        [*t.source_topics, *t.shuffle_topics, *t.state_topics],
-        group,
-        publish=[
-            *t.shuffle_topics,
-            *t.state_topics,
-            *t.sink_topics,
-            *t.late_topics,
-            t.dead_letter_topic,
-        ],
     )
 
 

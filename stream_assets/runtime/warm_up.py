@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stream_assets.plan.topology import Stage, Topology
-from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.state.errors import StateLockedError
+from stream_assets.state.ports import RangeReader, StateTopicAdmin
 from stream_assets.state.restore import (
     RestoreResult,
     ensure_current,
@@ -78,8 +77,8 @@ def warm_queues(
     topology: Topology,
     queues: Iterable[tuple[str, int]],
     state_root: Path,
-    admin: RocketMQAdmin,
-    reader: QueueReader,
+    admin: StateTopicAdmin,
+    reader: RangeReader,
     progress: Callable[[str], None] | None = None,
 ) -> list[RestoredQueue]:
     """Bring the local stores of queues an instance is about to gain up to date (NewSplit).
