@@ -643,6 +643,15 @@ class TopologyTestDriver:
                 results.append(self._restore(stage, q, store))
         return results
 
+    def stores(self) -> dict[tuple[int, int], QueueStateStore]:
+        """The RocksDB store of every stateful queue opened so far, by (stage, queue).
+
+        >>> driver.stores()[(1, 0)].estimated_key_count()  # doctest: +SKIP
+        42
+        """
+        self._check_open()
+        return dict(self._stores)
+
     def committed(self, topic: str | None = None) -> list[int]:
         """Committed offset per queue of the stage reading ``topic`` (default: the source)."""
         return list(self._committed[topic or self.topology.source_topic])

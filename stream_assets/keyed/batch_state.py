@@ -32,6 +32,8 @@ class BatchState:
     cache: dict[bytes, Any] = field(default_factory=dict)
     #: key -> (cached, change) before the open savepoint touched it; None: no savepoint.
     _undo: dict[bytes, tuple[Any, Any]] | None = None
+    #: key -> whether RocksDB held it before this batch (for the keys looked up).
+    _stored: dict[bytes, bool] = field(default_factory=dict)
 
     def get(self, key: bytes) -> Any:
         """The value of ``key`` as this batch left it, or None."""
@@ -40,6 +42,7 @@ class BatchState:
         raw = self.store.get(key)
         value = None if raw is None else unpack(raw)
         self.cache[key] = value
+        self._stored[key] = raw is not None
         return value
 
     def put(self, key: bytes, value: Any) -> None:
@@ -49,7 +52,19 @@ class BatchState:
         if self._undo is not None and key not in self._undo:
             self._undo[key] = (self.cache.get(key, _MISSING), self.changes.get(key, _MISSING))
         self.cache[key] = value
-        self.changes[key] = packed
+        if packed is None and not self._was_stored(key):
+            # Deleting what RocksDB never held (a key made and expired in one batch,
+            # an index entry moved twice): no tombstone, nothing in the changelog.
+            # Tombstones would count against RocksDB's key estimate and slow scans.
+            self.changes.pop(key, None)
+        else:
+            self.changes[key] = packed
+
+    def _was_stored(self, key: bytes) -> bool:
+        stored = self._stored.get(key)
+        if stored is None:
+            stored = self._stored[key] = self.store.get(key) is not None
+        return stored
 
     def items(self, prefix: bytes, below: bytes | None = None) -> Iterator[tuple[bytes, Any]]:
         """Keys starting with ``prefix`` (and under ``below``) in byte order, as this
