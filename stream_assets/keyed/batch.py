@@ -249,7 +249,7 @@ class _QueueBatch:
             self.stats.late += count
             self.batch.late.append((key, value, window.end, origin))
             return
-        if self.head.ttl_ms is not None:
+        if self.head.ttl_ms is not None and self.logic.touches(value):
             self._touch(key_bytes, ts, self.head.ttl_ms)
         self.logic.fold(self.batch, key, key_bytes, window, partial, value, ts, origin)
 
@@ -258,7 +258,7 @@ class _QueueBatch:
         latest = self.touched.get(key_bytes)
         stored = self.batch.state.get(lay.EXPIRES + key_bytes)
         expires = _max_opt(stored, None if latest is None else latest + ttl_ms)
-        if expires is not None and ts >= expires:
+        if expires is not None and ts >= expires and self.logic.forgets_before_record:
             ttl.forget_key(self.batch.state, self.logic, key_bytes)
             latest = None
         self.touched[key_bytes] = ts if latest is None else max(latest, ts)

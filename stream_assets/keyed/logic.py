@@ -60,6 +60,9 @@ class KeyedLogic(ABC):
     #: Whether results fired because every origin went idle close their windows for
     #: good (a later record for them is late), as for windows and table joins.
     closes_when_idle = True
+    #: Whether a record at or after its key's TTL expiry finds the key forgotten first
+    #: (False: the logic judges expiry itself, as a table join does by version time).
+    forgets_before_record = True
     #: Whether its results are fired by time (counted in ``TaskStats.fired``), rather
     #: than updates of what a batch changed.
     fires_by_time = True
@@ -98,6 +101,10 @@ class KeyedLogic(ABC):
     @abstractmethod
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:
         """A key's current state as a state query shows it."""
+
+    def touches(self, value: Any) -> bool:
+        """Whether a record (``value``) keeps its key alive under a TTL: any record does."""
+        return True
 
     def judged(self, state: BatchState, key_bytes: bytes, window: Window) -> Window:
         """The window a record in ``window`` is judged late by (itself, but for sessions)."""

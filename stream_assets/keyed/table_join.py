@@ -2,8 +2,11 @@
 
 The table's versions are kept per key, and each stream record waits until the
 watermark passes its event time; it then meets the table as of that time, so
-the result does not depend on which topic was read first. With a TTL, a key's
-table versions expire that long after the key's latest record.
+the result does not depend on which topic was read first. With a TTL, a
+table value is valid for that long after its update (unless a newer one
+replaced it): a stream record joins the version at or before its time only
+while it is valid, which the versions' own times decide, whatever the batches;
+the watermark then forgets keys whose latest update is a TTL behind it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,14 @@ from stream_assets.windows import Window
 class TableJoinLogic(KeyedLogic):
     """Side 1 updates the key's table; side 0 waits for the watermark, then joins."""
 
+    forgets_before_record = False
+
     def __init__(self, head: n.TableJoin) -> None:
         self.head = head
+
+    def touches(self, value: Any) -> bool:
+        """Only a table update (side 1) keeps a key's table alive."""
+        return int(value[0]) == 1
 
     def fold(
         self,
@@ -68,9 +77,11 @@ class TableJoinLogic(KeyedLogic):
             _ts, (src, off, sub), key_bytes = lay.parse_pending_key(raw)
             versions = state.get(lay.TABLE + key_bytes) or []
             current = [v for v in versions if v[0] <= ts]
-            table_value = current[-1][1] if current else None
+            ttl = self.head.ttl_ms
+            valid = bool(current) and (ttl is None or ts < current[-1][0] + ttl)
+            table_value = current[-1][1] if valid else None
             origin = (f"{ts}/{src}/{off}/{sub}", result_key(key))
-            if current or self.head.kind == "left":
+            if valid or self.head.kind == "left":
                 batch.results.append((origin, Joined(self.head, item, table_value), ts, key))
             state.put(raw, None)
             fired_end = ts + 1 if fired_end is None else max(fired_end, ts + 1)

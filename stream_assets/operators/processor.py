@@ -174,7 +174,8 @@ class ProcessContext(ABC):
     key: Any
     #: Event time (ms) of the record, or the time of the timer firing.
     timestamp: int
-    #: The stage's watermark as this batch started (None: no watermark yet).
+    #: The stage's watermark: as the batch started for ``process``, as it ended for a
+    #: timer the batch's watermark fired (None: no watermark yet).
     watermark: int | None
     #: Wall-clock ms this batch runs at (one value for the whole batch).
     processing_time: int

@@ -370,3 +370,58 @@ def test_emit_early_needs_a_window() -> None:
     b = StreamBuilder("bad-early")
     with pytest.raises(ValueError, match="for windows"):
         b.source("in", json_deserializer).key_by("k").count().emit_early()
+
+
+def test_a_table_keys_versions_expire_after_its_ttl() -> None:
+    """A customer not updated for the TTL is forgotten: a later order meets no table value
+    (left join: None); one updated within the TTL is still met."""
+    b = StreamBuilder("table-ttl")
+    customers = b.table("customers", json_deserializer, "id", "t")
+    orders = b.source("orders", json_deserializer).select_timestamp("t")
+    (
+        orders.join_table(customers, "customer", lambda o, c: [o["n"], c and c["name"]], left=True)
+        .ttl(1)
+        .to_rstream()
+        .sink("out")
+    )
+    with TopologyTestDriver(b.build(), source_queues=1, shuffle_queues=1) as driver:
+        driver.pipe({"id": "a", "name": "Ann", "t": 0}, topic="customers", event_time=0)
+        driver.pipe({"id": "b", "name": "Bob", "t": 0}, topic="customers", event_time=0)
+        driver.pipe({"customer": "a", "n": 1, "t": 500}, topic="orders", event_time=500)
+        driver.advance()
+        driver.pipe({"id": "b", "name": "Bob", "t": 800}, topic="customers", event_time=800)
+        # 1.5 s: "a" was last updated 1.5 s ago (expired), "b" 0.7 s ago (alive).
+        driver.pipe({"customer": "a", "n": 2, "t": 1_500}, topic="orders", event_time=1_500)
+        driver.pipe({"customer": "b", "n": 3, "t": 1_500}, topic="orders", event_time=1_500)
+        for topic in ("customers", "orders"):
+            driver.pipe(
+                {"id": "z", "customer": "z", "n": 0, "t": 9_000}, topic=topic, event_time=9_000
+            )
+        driver.advance()
+        joined = sorted(v for v in driver.outputs() if v[0] > 0)
+    assert joined == [[1, "Ann"], [2, None], [3, "Bob"]]
+
+
+def test_early_results_of_session_windows_end_with_the_final_one() -> None:
+    from stream_assets.windows import SessionWindow
+
+    b = StreamBuilder("early-sessions")
+    (
+        b.source("in", json_deserializer)
+        .key_by("k")
+        .window(SessionWindow.with_gap(Time.milliseconds(100)))
+        .count()
+        .emit_early()
+        .to_rstream()
+        .sink("out")
+    )
+    times = [0, 50, 120, 400, 450]  # sessions [0, 220) with 3, [400, 550) with 2
+    with TopologyTestDriver(b.build(), source_queues=1, max_records_per_batch=1) as driver:
+        driver.pipe_many([{"k": "a", "t": t} for t in times], event_time=lambda v: v["t"])
+        driver.advance()
+        driver.advance_idle()
+        outs = driver.outputs()
+    finals = [(v["window_start"], v["window_end"], v["count"]) for v in outs if v["final"]]
+    assert finals == [(0, 220, 3), (400, 550, 2)]
+    early = [v["count"] for v in outs if not v["final"]]
+    assert early == [1, 2, 3, 1, 2]  # one update per batch, each session growing
