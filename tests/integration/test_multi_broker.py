@@ -5,6 +5,8 @@ queues on ``broker-a`` and 4 on ``broker-b``, and every answer is compared with
 a reference computed from the input with plain Python. Failover: ``kill -9``
 of broker-a's master (its slave keeps reads going), and broker-b stopped as a
 whole for 30 s; nothing is lost or doubled, and the job starts again cleanly.
+Stateful logic on two Spark workers under CPU load, a worker killed: a windowed
+join, and the user's processors (de-duplication with a TTL, silence alerts).
 
 The cluster is ``tests/integration/_rocketmq_cluster.py``'s (own ports and
 stores); the instances share the session's SparkSession.
@@ -35,9 +37,12 @@ from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, Respons
 from stream_assets.runtime.instance import Instance
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import RocketMQSettings
+from tests.integration import _process_case as process_case
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import (
+    BackgroundProducer,
+    Message,
     final_counts,
     latest_by_message_key,
     read_topic,
@@ -45,6 +50,7 @@ from tests.integration._engine_util import (
     wait_until,
 )
 from tests.integration._load import cpu_hog
+from tests.integration._process_topologies import dedup_and_silence
 from tests.integration.conftest import EngineHarness
 from tests.integration.test_cluster import (
     _assert_one_history_per_queue,
@@ -498,4 +504,146 @@ def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
     voids = _assert_one_history_per_queue(cluster_admin, state_topic)
     _report_state_costs(
         report, "ad join on two workers over two broker groups", metrics["2"], voids
+    )
+
+
+# -- process(): de-duplication with a TTL and silence alerts, 2 workers, under load ---
+
+
+def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_worker_killed(
+    spark_cluster: SparkCluster,  # noqa: F811
+    cluster_admin: RocketMQAdmin,
+    cluster_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """The user's stateful logic where it is hardest: one source on both broker groups,
+    two Spark workers that cannot see each other's disks, the CPUs busy, and worker 0
+    killed mid-stream. One stage 0 feeds two processors
+    (``_process_topologies.dedup_and_silence``): FirstWithin keyed by ``id`` (an
+    event-time timer and a state TTL) and SilenceAlert keyed by ``device``. Both
+    outputs equal the references from the input (``_process_case``)."""
+    began = time.monotonic()
+    job = unique("it-mb-proc")
+    source, unique_sink, alert_sink = f"{job}-src", f"{job}-unique", f"{job}-alerts"
+    cluster_admin.create_topic(source, 2)  # 2 per group: 4 queues
+    queues = len(cluster_admin.queues(source))
+    assert queues == 4
+    settings = _driver_settings(cluster_settings)
+    base_ts, horizon_ms, silence_ms, lateness_s = 1_700_000_000_000, 1_500, 1_000, 1.0
+    flush_ts = base_ts + 10**9  # past every timer the stream sets
+    kwargs = {
+        "job_id": job,
+        "source": source,
+        "unique_sink": unique_sink,
+        "alert_sink": alert_sink,
+        "horizon_ms": horizon_ms,
+        "silence_ms": silence_ms,
+        "lateness_s": lateness_s,
+    }
+    topology = dedup_and_silence(**kwargs)  # type: ignore[arg-type]
+    events = process_case.events(random.Random(29), 4_000, base_ts)
+    # Keyed by device: a device (and each of its ids) on one source queue, in order;
+    # then one flush event per queue (a queue index per write queue of both groups).
+    messages = [Message(json.dumps(e).encode(), key=e["device"]) for e in events]
+    flush = {"t": flush_ts, "n": -1}
+    messages += [
+        Message(json.dumps({**flush, "id": f"f{q}", "device": f"f{q}"}).encode(), queue_id=q)
+        for q in range(queues)
+    ]
+
+    def outputs(topic: str) -> list[dict[str, Any]]:
+        return list(latest_by_message_key(read_topic(cluster_admin, topic)).values())
+
+    spec = {
+        "topology": "tests.integration._process_topologies:dedup_and_silence",
+        "topology_kwargs": kwargs,
+        "rocketmq": json.loads(settings.revealed_json()),
+        "engine": {
+            "spark_master": spark_cluster.master_url,
+            "spark_conf": spark_cluster.spark_conf(),
+            # state_dir unset: each executor keeps state on its own worker's disk.
+            "shuffle_queues": 4,
+            "sink_queues": 4,
+            "trigger_interval_ms": 300,
+            "tick_ms": 500,
+            "snapshot_every": 8,
+        },
+    }
+    live_from = 1_500  # events before the kill; the rest are produced around it
+    with cpu_hog(2), DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
+        driver.wait_started(300)
+        started_s = time.monotonic() - began
+        # One thread: every queue gets its events in clock order. It holds back after
+        # live_from until the instance caught up, so both workers hold state.
+        producer = BackgroundProducer(settings, source, messages, threads=1, pause_after=live_from)
+        producer.start()
+        wait_until(lambda: producer.sent >= live_from, 60, "the first events sent")
+        driver.await_caught_up(CATCH_UP_S)
+        producer.resume()
+        killed = spark_cluster.kill_worker(0)  # mid-stream: the rest is still being sent
+        sent_at_kill = producer.sent
+        assert killed, "worker 0 had no processes to kill"
+        assert sent_at_kill < len(messages), "the stream was over before the kill"
+        spark_cluster.wait_ready(workers=1, timeout_s=60)
+        producer.join(120)
+
+        stored = process_case.stored_events(cluster_admin, source)
+        expected_unique = process_case.dedup_reference(stored, horizon_ms)
+        final_watermark = flush_ts - int(lateness_s * 1000)
+        expected_alerts = process_case.silence_reference(stored, silence_ms, final_watermark)
+        wait_until(
+            lambda: (
+                len(outputs(unique_sink)) >= len(expected_unique)
+                and len(outputs(alert_sink)) >= len(expected_alerts)
+            ),
+            CATCH_UP_S,
+            "every unique event and every alert",
+            poll_s=1.0,
+        )
+        driver.await_caught_up(CATCH_UP_S)
+        metrics = driver.stop(180)["metrics"]
+
+    # The reference's premises: every event stored, on both groups; each key from one
+    # source queue; event time rising within each queue.
+    assert sorted(e["n"] for evs in stored.values() for e in evs if e["n"] >= 0) == list(
+        range(len(events))
+    )
+    assert {q.split(":")[0] for q, evs in stored.items() if evs} == set(GROUPS)
+    for key in ("id", "device"):
+        homes = collections.defaultdict(set)
+        for q, evs in stored.items():
+            for e in evs:
+                homes[e[key]].add(q)
+        assert all(len(qs) == 1 for qs in homes.values()), key
+    for q, evs in stored.items():
+        assert [e["t"] for e in evs] == sorted(e["t"] for e in evs), f"queue {q}"
+
+    uniques = outputs(unique_sink)
+    assert sorted(e["n"] for e in uniques) == expected_unique
+    alerts = outputs(alert_sink)
+    assert sorted((a["device"], a["last_seen"]) for a in alerts) == expected_alerts
+    assert all(a["silent_at"] == a["last_seen"] + silence_ms for a in alerts)
+    assert read_topic(cluster_admin, topology.dead_letter_topic) == []
+    for stage in ("1", "2"):
+        assert metrics[stage]["totals"]["late"] == 0, metrics[stage]
+        assert metrics[stage]["totals"]["dead_letters"] == 0, metrics[stage]
+    assert metrics["1"]["totals"]["expired"] > 0, "the dedup state's TTL never expired a key"
+    # Each state queue's valid history: commits 1, 2, 3, ... from one writer.
+    for state_topic in topology.state_topics:
+        histories = process_case.state_histories(cluster_admin, state_topic)
+        assert any(seqs for seqs, _ in histories.values()), f"{state_topic}: no state written"
+        for queue, (seqs, writers) in histories.items():
+            assert seqs == list(range(1, len(seqs) + 1)), f"{state_topic}[{queue}]: {seqs}"
+            assert len(writers) <= 1, f"{state_topic}[{queue}]: {writers}"
+
+    totals = {s: metrics[s]["totals"] for s in ("1", "2")}
+    report(
+        f"dedup + silence over 2 broker groups on 2 workers under load, worker 0 killed "
+        f"after {sent_at_kill}/{len(messages)} sent: {len(expected_unique)} unique of "
+        f"{len(events)} events, {len(expected_alerts)} alerts; dedup expired "
+        f"{int(totals['1']['expired'])} keys; restores {int(totals['1']['restores'])}"
+        f"+{int(totals['2']['restores'])}, catch-ups {int(totals['1']['catch_ups'])}"
+        f"+{int(totals['2']['catch_ups'])}; driver up in {started_s:.1f} s, "
+        f"{time.monotonic() - began:.1f} s in all"
     )
