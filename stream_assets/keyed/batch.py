@@ -52,7 +52,7 @@ from stream_assets.state import layout as lay
 from stream_assets.state.changelog import commit_with_changelog
 from stream_assets.state.errors import FencedError
 from stream_assets.state.store import QueueStateStore
-from stream_assets.windows import WatermarkTracker, Window, window_closed
+from stream_assets.windows import WatermarkTracker, Window, later, window_closed
 
 
 def check_owner(ctx: StageContext, store: QueueStateStore) -> None:
@@ -126,7 +126,7 @@ class _QueueBatch:
         # Lateness is judged against the watermark the previous batch left (what
         # has fired), not one recomputed with this batch's idle set: an origin that
         # became idle may still have on-time records in this very batch.
-        self.wm_start = _max_opt(self.tracker.last_watermark, self.closed_floor)
+        self.wm_start = later(self.tracker.last_watermark, self.closed_floor)
         self.logic = logic_for(head)
         self.batch = KeyedBatch(
             state=BatchState(store),
@@ -156,9 +156,9 @@ class _QueueBatch:
         a queue's first batch. ``carried``: the progress the record brought
         (set when records routed elsewhere made it late).
         """
-        progress = _max_opt(self.tracker.max_event_time(src), carried)
+        progress = later(self.tracker.max_event_time(src), carried)
         lateness = self.head.allowed_lateness_ms
-        return _max_opt(self.wm_start, None if progress is None else progress - lateness)
+        return later(self.wm_start, None if progress is None else progress - lateness)
 
     def apply(self, record: Record) -> None:
         """Apply one shuffle message: records, pre-combined partials or a progress mark."""
@@ -192,7 +192,7 @@ class _QueueBatch:
                 continue
             if off != reading and read_ts is not None:
                 self.tracker.observe(src, read_ts)
-            reading, read_ts = off, _max_opt(read_ts, ts) if off == reading else ts
+            reading, read_ts = off, later(read_ts, ts) if off == reading else ts
             applied = (off, sub)
             self.got_input = True
             self.stats.records_in += 1
@@ -257,7 +257,7 @@ class _QueueBatch:
         """A record at ``ts``: forget the key first if its TTL ran out before it."""
         latest = self.touched.get(key_bytes)
         stored = self.batch.state.get(lay.EXPIRES + key_bytes)
-        expires = _max_opt(stored, None if latest is None else latest + ttl_ms)
+        expires = later(stored, None if latest is None else latest + ttl_ms)
         if expires is not None and ts >= expires and self.logic.forgets_before_record:
             ttl.forget_key(self.batch.state, self.logic, key_bytes)
             latest = None
@@ -268,14 +268,14 @@ class _QueueBatch:
         ctx, meta, batch, tracker = self.ctx, self.meta, self.batch, self.tracker
         watermark = tracker.watermark(idle)
         all_idle = bool(tracker.origins()) and idle.issuperset(tracker.origins())
-        fire_to = _max_opt(watermark, self.closed_floor)
+        fire_to = later(watermark, self.closed_floor)
         batch.watermark = fire_to
         fired_end = self.logic.fire(batch, fire_to, all_idle)
         if self.logic.fires_by_time:
             self.stats.fired = len(batch.results)
         if all_idle and fired_end is not None and self.logic.closes_when_idle:
             # What fired by idleness stays closed: later records for it are late.
-            self.closed_floor = _max_opt(self.closed_floor, fired_end)
+            self.closed_floor = later(self.closed_floor, fired_end)
         self._expire(fire_to)
         outbox = emit.emit(
             ctx,
@@ -336,11 +336,3 @@ class _QueueBatch:
             assert ctx.stage.state_topic is not None
             writer = emit.changelog_writer(ctx, self.sender, ctx.stage.state_topic, self.queue_id)
             commit_with_changelog(store, changes, meta, writer)
-
-
-def _max_opt(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)

@@ -36,6 +36,7 @@ from stream_assets.state import layout as lay
 from stream_assets.state.changelog import DEFAULT_CHUNK_BYTES, ChangelogWriter
 from stream_assets.state.records import MAX_BODY
 from stream_assets.state.store import QueueStateStore
+from stream_assets.windows import later
 
 
 def out_progress(
@@ -55,9 +56,9 @@ def out_progress(
         return None
     head = ctx.stage.head
     assert head is not None
-    fired_to = _max_opt(watermark if head.judges_lateness else None, closed_floor)
+    fired_to = later(watermark if head.judges_lateness else None, closed_floor)
     newest = max((ts for _origin, _value, ts, _key in results), default=None)
-    return _max_opt(before, _max_opt(newest, None if fired_to is None else fired_to - 1))
+    return later(before, later(newest, None if fired_to is None else fired_to - 1))
 
 
 def changelog_writer(
@@ -229,11 +230,3 @@ def _shown(value: Any) -> bytes:
             return repr(value).encode("utf-8", "backslashreplace")
         except Exception:
             return f"<a {type(value).__name__} that neither JSON nor repr shows>".encode()
-
-
-def _max_opt(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return max(a, b)

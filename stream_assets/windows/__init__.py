@@ -19,7 +19,7 @@ from stream_assets.windows.assigners import (
     window_spec_from_dict,
 )
 from stream_assets.windows.time import Time
-from stream_assets.windows.watermark import WatermarkTracker, window_closed
+from stream_assets.windows.watermark import WatermarkTracker, later, window_closed
 
 __all__ = [
     "SessionWindow",
@@ -29,6 +29,7 @@ __all__ = [
     "WatermarkTracker",
     "Window",
     "WindowSpec",
+    "later",
     "merge_sessions",
     "window_closed",
     "window_spec_from_dict",

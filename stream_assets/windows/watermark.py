@@ -43,6 +43,19 @@ def _closed(window_end: int, watermark: int | None) -> bool:
     return watermark is not None and window_end <= watermark
 
 
+def later(a: int | None, b: int | None) -> int | None:
+    """The later of two event times, either of which may not be known yet (None).
+
+    >>> later(None, 5), later(7, 5), later(None, None)
+    (5, 7, None)
+    """
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
 def window_closed(window: Window, watermark: int | None) -> bool:
     """Whether ``window`` has fired, so records for it are late.
 
