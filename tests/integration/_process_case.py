@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.runtime.shuffle_codec import decode_key
+from stream_assets.state import layout as lay
 from stream_assets.state.records import Delta, decode_record, is_void
+from stream_assets.state.restore import restore_queue
+from stream_assets.state.store import QueueStateStore
 from tests.integration._engine_util import unique
 
 
@@ -103,3 +108,37 @@ def state_histories(
     finally:
         reader.close()
     return out
+
+
+def restored_keys(
+    admin: RocketMQAdmin, job_id: str, operator_id: str, state_topic: str, scratch: Path
+) -> dict[bytes, set[object]]:
+    """Rebuild every queue of ``state_topic`` into a private store, as an executor that
+    gained the queue would; per kind of state (its layout prefix), the keys it holds."""
+    reader = QueueReader(admin, group=unique("it-proc-restore"))
+    held: dict[bytes, set[object]] = {}
+    try:
+        for queue_id in range(len(admin.queues(state_topic))):
+            with QueueStateStore(scratch, job_id, operator_id, queue_id) as store:
+                restore_queue(store, state_topic, queue_id, admin, reader)
+                for raw, _ in store.items():
+                    kind = raw[:1]
+                    if kind == lay.USER:
+                        key_bytes = lay.parse_user_key(raw)[0]
+                    elif kind in (lay.EXPIRY, lay.EVENT_TIMERS, lay.PROCESSING_TIMERS):
+                        key_bytes = lay.key_of_timed(raw)
+                    else:
+                        key_bytes = raw[1:]
+                    held.setdefault(kind, set()).add(decode_key(key_bytes))
+    finally:
+        reader.close()
+    return held
+
+
+def live_ids(per_queue: dict[str, list[dict[str, Any]]], ttl_ms: int, watermark: int) -> set[str]:
+    """The ids whose latest event is less than ``ttl_ms`` behind the final watermark."""
+    latest: dict[str, int] = {}
+    for events in per_queue.values():
+        for e in events:
+            latest[e["id"]] = max(latest.get(e["id"], e["t"]), e["t"])
+    return {i for i, t in latest.items() if t + ttl_ms > watermark}

@@ -37,6 +37,7 @@ from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, Respons
 from stream_assets.runtime.instance import Instance
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import RocketMQSettings
+from stream_assets.state import layout as lay
 from tests.integration import _process_case as process_case
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
@@ -542,7 +543,7 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         "lateness_s": lateness_s,
     }
     topology = dedup_and_silence(**kwargs)  # type: ignore[arg-type]
-    events = process_case.events(random.Random(29), 4_000, base_ts)
+    events = process_case.events(random.Random(29), 2_400, base_ts)
     # Keyed by device: a device (and each of its ids) on one source queue, in order;
     # then one flush event per queue (a queue index per write queue of both groups).
     messages = [Message(json.dumps(e).encode(), key=e["device"]) for e in events]
@@ -570,7 +571,7 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
             "snapshot_every": 8,
         },
     }
-    live_from = 1_500  # events before the kill; the rest are produced around it
+    live_from = 900  # events before the kill; the rest are produced around it
     with cpu_hog(2), DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
         driver.wait_started(300)
         started_s = time.monotonic() - began
@@ -629,6 +630,16 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         assert metrics[stage]["totals"]["late"] == 0, metrics[stage]
         assert metrics[stage]["totals"]["dead_letters"] == 0, metrics[stage]
     assert metrics["1"]["totals"]["expired"] > 0, "the dedup state's TTL never expired a key"
+    # Restored from the state topic (a kill's aftermath), the dedup store holds exactly
+    # the ids the TTL keeps alive at the final watermark: the expiry was changelogged.
+    dedup = topology.stages[1]
+    assert dedup.head is not None and dedup.state_topic is not None and dedup.head.ttl_ms
+    held = process_case.restored_keys(
+        cluster_admin, job, dedup.head.op_id, dedup.state_topic, tmp_path / "restored"
+    )
+    alive = process_case.live_ids(stored, dedup.head.ttl_ms, final_watermark)
+    assert alive and alive != {e["id"] for e in events}, "the case keeps too few or all ids"
+    assert held[lay.USER] == alive and held[lay.EXPIRY] == alive, (held, alive)
     # Each state queue's valid history: commits 1, 2, 3, ... from one writer.
     for state_topic in topology.state_topics:
         histories = process_case.state_histories(cluster_admin, state_topic)
