@@ -111,14 +111,9 @@ class WindowedAggregate(KeyedLogic):
             self._collect(batch, key_bytes, window, acc, final=True)
             batch.state.put(raw, None)
             fired_end = window.end if fired_end is None else max(fired_end, window.end)
-        if self.head.emit_every_ms is not None:
-            if self.head.emit_every_ms > 0:
-                opened = [raw for raw, _ in batch.state.items(lay.WINDOWED)]
-            else:
-                opened = sorted(k for k in self._touched if batch.state.get(k) is not None)
-            for raw in opened if _early_due(batch, self.head, bool(opened)) else ():
-                window, key_bytes = lay.parse_window_key(raw)
-                self._collect(batch, key_bytes, window, batch.state.get(raw), final=False)
+        for raw in _early_keys(batch, self.head, lay.WINDOWED, self._touched):
+            window, key_bytes = lay.parse_window_key(raw)
+            self._collect(batch, key_bytes, window, batch.state.get(raw), final=False)
         return fired_end
 
     def _due(self, state: BatchState, fire_to: int | None, fire_all: bool) -> list[bytes]:
@@ -236,17 +231,11 @@ class SessionAggregate(KeyedLogic):
                 fired_end = e if fired_end is None else max(fired_end, e)
             if len(keep) != len(sessions):
                 state.put(skey, keep or None)
-        if self.head.emit_every_ms is not None:
-            keys = (
-                [k for k, _ in state.items(lay.SESSION)]
-                if self.head.emit_every_ms > 0
-                else sorted(k for k in self._touched if state.get(k))
-            )
-            for skey in keys if _early_due(batch, self.head, bool(keys)) else ():
-                for s, e, acc in state.get(skey):
-                    batch.results.extend(
-                        window_results(self.head, batch.seq, skey[1:], Window(s, e), acc, False)
-                    )
+        for skey in _early_keys(batch, self.head, lay.SESSION, self._touched):
+            for s, e, acc in state.get(skey):
+                batch.results.extend(
+                    window_results(self.head, batch.seq, skey[1:], Window(s, e), acc, False)
+                )
         return fired_end
 
     def forget(self, state: BatchState, key_bytes: bytes) -> None:
@@ -287,6 +276,20 @@ def _fold_acc(state: BatchState, acc_def: Any, skey: bytes, partial: Any, value:
     acc = state.get(skey)
     acc = acc_def.zero() if acc is None else acc
     state.put(skey, acc_def.merge(acc, partial) if partial is not None else acc_def.add(acc, value))
+
+
+def _early_keys(
+    batch: KeyedBatch, head: n.Aggregate, prefix: bytes, touched: set[bytes]
+) -> list[bytes]:
+    """The state keys (windows, a key's sessions) whose early results this batch emits:
+    every open one once per period, or the ones this batch changed (none: off)."""
+    if head.emit_every_ms is None:
+        return []
+    if head.emit_every_ms > 0:
+        keys = [k for k, _ in batch.state.items(prefix)]
+    else:
+        keys = sorted(k for k in touched if batch.state.get(k) is not None)
+    return keys if _early_due(batch, head, bool(keys)) else []
 
 
 def _early_due(batch: KeyedBatch, head: n.Aggregate, anything_open: bool) -> bool:
