@@ -433,9 +433,9 @@ class ClusterSettings(BaseSettings):
 
     Example::
 
-        >>> s = ClusterSettings(namesrv_port=39876, broker_conf={"slaveReadEnable": True})
+        >>> s = ClusterSettings(namesrv_port=29877, broker_conf={"slaveReadEnable": True})
         >>> s.namesrv_addr, s.broker_a_slave_port
-        ('127.0.0.1:39876', 31911)
+        ('127.0.0.1:29877', 31911)
     """
 
     model_config = SettingsConfigDict(env_prefix="STREAM_ASSETS_CLUSTER_", extra="ignore")
@@ -445,7 +445,7 @@ class ClusterSettings(BaseSettings):
     namesrv_port: int = Field(default=29876, gt=0, lt=65536)
     broker_a_master_port: int = Field(default=30911, gt=2, lt=65535)
     broker_a_slave_port: int = Field(default=31911, gt=2, lt=65535)
-    broker_b_master_port: int = Field(default=32911, gt=2, lt=65535)
+    broker_b_master_port: int = Field(default=28911, gt=2, lt=65535)
     auto_create_topics: bool = Field(
         default=False,
         description="Broker autoCreateTopicEnable; off so a misspelt topic is an error.",

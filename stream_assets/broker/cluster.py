@@ -8,7 +8,7 @@ RocketMQ's own logs) under one home (``.local/rocketmq-cluster`` by default)::
     DefaultCluster
       broker-a  master (brokerId 0, ASYNC_MASTER)  port 30911, HA 30912, VIP 30909
                 slave  (brokerId 1, SLAVE)         port 31911, HA 31912, VIP 31909
-      broker-b  master (brokerId 0, ASYNC_MASTER)  port 32911, HA 32912, VIP 32909
+      broker-b  master (brokerId 0, ASYNC_MASTER)  port 28911, HA 28912, VIP 28909
     name server                                    port 29876
 
 Ports, heaps and extra config keys (per name server, per broker, per node: e.g.

@@ -146,8 +146,33 @@ def check_port_free(host: str, port: int, what: str, hint: str) -> None:
         except OSError as exc:
             raise BrokerStartError(
                 f"port {port} ({what}) on {host} is already in use by another "
-                f"process ({exc.strerror}); stop that process or {hint}"
+                f"process ({exc.strerror}); stop that process or {hint}" + _ephemeral_hint(port)
             ) from exc
+
+
+def ephemeral_ports() -> range | None:
+    """The ports this machine hands to outgoing connections, or None if it cannot tell.
+
+    A fixed listening port in this range can be taken at any moment by some
+    client's local end (Spark, py4j, a gRPC call), so a broker started on one
+    fails now and then for no reason of its own: keep fixed ports below it.
+    """
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return range(int(low), int(high) + 1)
+
+
+def _ephemeral_hint(port: int) -> str:
+    ports = ephemeral_ports()
+    if ports is None or port not in ports:
+        return ""
+    return (
+        f" (port {port} lies in this machine's ephemeral range {ports.start}-{ports.stop - 1}, "
+        "where outgoing connections take their local ports: choose one below "
+        f"{ports.start})"
+    )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Started once per session (data under .local/test-rocketmq-cluster), or reused
 if it already runs and serves; a cluster this session started is stopped at
 its end, one it found serving is left running. Ports default to the cluster's
-own (29876; brokers 30911, 31911, 32911, each also using port - 2 and port + 1)
+own (29876; brokers 30911, 31911, 28911, each also using port - 2 and port + 1)
 and can be moved with ``STREAM_ASSETS_TEST_CLUSTER_NAMESRV_PORT``,
 ``..._BROKER_A_MASTER_PORT``, ``..._BROKER_A_SLAVE_PORT`` and
 ``..._BROKER_B_MASTER_PORT``.
@@ -35,7 +35,7 @@ def integration_cluster_settings() -> ClusterSettings:
         namesrv_port=_port("NAMESRV_PORT", 29876),
         broker_a_master_port=_port("BROKER_A_MASTER_PORT", 30911),
         broker_a_slave_port=_port("BROKER_A_SLAVE_PORT", 31911),
-        broker_b_master_port=_port("BROKER_B_MASTER_PORT", 32911),
+        broker_b_master_port=_port("BROKER_B_MASTER_PORT", 28911),
         home=local_dir() / "test-rocketmq-cluster",
         auto_create_topics=False,
     )

@@ -1,6 +1,6 @@
 """ACL 2.0 against a real RocketMQ 5.3.3 broker with authentication and authorization on.
 
-The module runs a broker of its own (ports 39876/40911, data under
+The module runs a broker of its own (ports 21876/22911, data under
 .local/test-rocketmq-acl) with the broker.conf keys docs/acl.md gives, and an
 admin (super) user created by ``initAuthenticationUser``. A non-admin user is
 created per test, through :mod:`stream_assets.rocketmq.acl`, with exactly the
@@ -37,8 +37,8 @@ from stream_assets.settings import BrokerSettings, RocketMQSettings, local_dir
 from tests.integration._engine_util import Message, final_counts, produce, read_topic
 from tests.integration.conftest import EngineHarness
 
-NAMESRV_PORT = 39876
-BROKER_PORT = 40911
+NAMESRV_PORT = 21876
+BROKER_PORT = 22911
 ADMIN_USER = "stream-assets-test-admin"
 #: Test-only: the super user initAuthenticationUser creates on the broker's first start.
 ADMIN_PASSWORD = "acl-test-admin-Secret-1"

@@ -49,6 +49,20 @@ TOPOLOGY = "wordcount"
 TICK_S = 3
 
 
+# Beside the defaults, so a developer's own `prod-like up` keeps running.
+PORTS: dict[str, Any] = {
+    "postgres_port": 25433,
+    "namesrv_port": 23877,
+    "broker_a_master_port": 24921,
+    "broker_a_slave_port": 25921,
+    "broker_b_master_port": 26921,
+    "spark_master_port": 27078,
+    "spark_ui_port": 28081,
+    "webserver_port": 3301,
+    "metrics_port": 9650,
+}
+
+
 @pytest.fixture
 def deployment(report: Any) -> Iterator[ProdLike]:
     """The deployment, up with one WordCount instance and live input; down at the end."""
@@ -58,15 +72,7 @@ def deployment(report: Any) -> Iterator[ProdLike]:
     shutil.rmtree(PostgresHost(home / "postgres", 0).home, ignore_errors=True)
     settings = DeploySettings(
         home=home,
-        postgres_port=25433,
-        namesrv_port=23877,
-        broker_a_master_port=24921,
-        broker_a_slave_port=25921,
-        broker_b_master_port=26921,
-        spark_master_port=27078,
-        spark_ui_port=28081,
-        webserver_port=3301,
-        metrics_port=9650,
+        **PORTS,
         instances=1,
         feed_lines_per_s=30,
     )

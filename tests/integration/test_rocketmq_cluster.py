@@ -1,7 +1,7 @@
 """The local RocketMQ cluster, for real: routes over two groups, a slave serving reads, restarts.
 
 Runs against ``rocketmq_cluster`` (name server 29876; broker-a master 30911 and
-slave 31911; broker-b master 32911). Tests that kill or stop nodes take
+slave 31911; broker-b master 28911). Tests that kill or stop nodes take
 ``cluster_restored``, which brings every node back afterwards.
 
 Messages are sent and pulled over the remoting protocol to one node's address
