@@ -209,6 +209,12 @@ class EngineSettings(BaseSettings):
     pre_combine: bool = Field(
         default=True, description="Pre-aggregate decomposable aggregates before the shuffle."
     )
+    query_per_stage: bool = Field(
+        default=False,
+        description="Give each stage its own Spark query. Default: one query runs every "
+        "stage, so a micro-batch's fixed cost is paid once; with a query per stage, a slow "
+        "stateful stage does not hold back the batches of the stages before it.",
+    )
     worker_preconnect: bool = Field(
         default=True,
         description="Start Spark's Python workers with stream-assets-worker-python (installed "

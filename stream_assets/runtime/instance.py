@@ -1,9 +1,13 @@
-"""A compute instance: one SparkSession, one streaming query per stage.
+"""A compute instance: one SparkSession, one streaming query for all its stages.
 
-Each query reads its stage's input topic through the ``rocketmq`` source (one
-partition per assigned queue, a row per queue range) and hands every
-micro-batch to ``mapInArrow``, so a Spark task processes exactly one queue in
-offset order (:mod:`~stream_assets.runtime.spark_task`) and returns a stats row.
+The query reads every stage's input topic through the ``rocketmq`` source (a
+row per stage queue range, grouped into about one Spark task per slot) and
+hands every micro-batch to ``mapInArrow``, so a Spark task processes each of
+its queues in offset order (:mod:`~stream_assets.runtime.spark_task`) and
+returns a stats row per queue. One query, not one per stage: a micro-batch is
+one Spark job, and its fixed cost (planning, scheduling, the source's runner
+process) is paid once for all stages (``EngineSettings.query_per_stage``
+gives each stage its own query instead).
 What a task needs travels in its pickled context, and the topology's own
 modules are shipped to the executors (:mod:`~stream_assets.runtime.user_code`),
 so the same instance runs on ``local[*]`` or on a cluster.
@@ -19,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -42,7 +47,7 @@ from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.prometheus import MetricsEndpointError, PrometheusExporter, endpoint_port
 from stream_assets.runtime.query_restart import RestartBudget, restartable
-from stream_assets.runtime.source import RocketMQDataSource, encode_layouts
+from stream_assets.runtime.source import RocketMQDataSource, StageOptions, encode_stages
 from stream_assets.runtime.spark_logging import quiet_spark_conf
 from stream_assets.runtime.spark_task import TaskContext, task_fn
 from stream_assets.runtime.store_handles import release_job_stores
@@ -158,9 +163,13 @@ class Instance:
         self.prometheus = PrometheusExporter(topology, index, generation)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        #: One query per stage, in ``topology.stages`` order (while running).
+        #: The stages each Spark query runs: all in one, or one query per stage.
+        self._query_stages: list[tuple[Stage, ...]] = (
+            [(s,) for s in topology.stages] if engine.query_per_stage else [topology.stages]
+        )
+        #: The running queries, one per entry of ``_query_stages`` (while running).
         self._queries: list[Any] = []
-        self._restarts = {s.index: RestartBudget() for s in topology.stages}
+        self._restarts = [RestartBudget() for _ in self._query_stages]
         self._checkpoints = local_dir() / "checkpoints" / topology.job_id / uuid.uuid4().hex[:8]
         self._spark: Any = None
         #: Every source, shuffle and state topic's layout (queue index -> broker, id).
@@ -253,7 +262,7 @@ class Instance:
         return spark
 
     def start(self, run_queries: bool = True) -> None:
-        """Create missing topics, start the SparkSession, one query per stage and the
+        """Create missing topics, start the SparkSession, the query and the
         Prometheus endpoint (:meth:`serve_metrics`).
 
         ``run_queries=False`` only warms up (topics, SparkSession, shipped code):
@@ -314,20 +323,21 @@ class Instance:
 
     def _start_queries(self) -> None:
         self._stopping.clear()
-        for stage in self.topology.stages:
-            self._queries.append(self._start_stage_retrying(stage))
+        for position in range(len(self._query_stages)):
+            self._queries.append(self._start_query_retrying(position))
+        queries = "one query" if len(self._queries) == 1 else f"{len(self._queries)} queries"
         self.progress(
             f"instance of {self.topology.job_id} (generation {self.generation}) running "
-            f"{len(self._queries)} stage queries on {self.engine.spark_master}"
+            f"{len(self.topology.stages)} stages in {queries} on {self.engine.spark_master}"
         )
 
     def last_batch_at(self) -> float:
-        """When a micro-batch of any stage last completed (epoch s; 0: none yet)."""
+        """When a micro-batch last completed (epoch s; 0: none yet)."""
         return max((m.last_batch_at for m in self.metrics.values()), default=0.0)
 
     @property
     def running(self) -> bool:
-        """Whether the stage queries run (not between a release and a takeover)."""
+        """Whether the queries run (not between a release and a takeover)."""
         return bool(self._queries)
 
     def warm_up(self, gained: dict[str, list[int]]) -> int:
@@ -395,42 +405,37 @@ class Instance:
     def _queues_of(self, topic: str) -> list[int] | None:
         return None if self.assignment is None else sorted(self.assignment.get(topic, []))
 
-    def _start_stage(self, stage: Stage) -> Any:
+    def _stage_options(self, stage: Stage) -> StageOptions:
+        """What the source reads for ``stage``: its queues, ticks and origins."""
         queues = self._queues_of(stage.input_topic)
-        reader = (
-            self._spark.readStream.format("rocketmq")
-            .option("topic", stage.input_topic)
-            .option("group", self.group)
-            .option("settings_file", self._settings_file)
-            .option("max_records_per_batch", str(self.engine.max_records_per_batch))
-            .option("broker_outage_s", str(self.engine.broker_outage_s))
-            .option("partitions", str(self._spark.sparkContext.defaultParallelism))
-        )
-        if queues is not None:
-            reader = reader.option("queues", ",".join(map(str, queues)))
-        if stage.source is not None and stage.exits:
-            reader = reader.option("planned_group", self._planned_group)
         read_topics = [
             stage.input_topic,
             *(self.topology.stages[u].input_topic for u in stage.upstreams),
         ]
-        reader = reader.option("layouts", encode_layouts(self._layouts[t] for t in read_topics))
+        opts = StageOptions(
+            topic=stage.input_topic,
+            queues=None if queues is None else tuple(queues),
+            planned_group=self._planned_group if stage.source is not None and stage.exits else None,
+            layouts={t: self._layouts[t] for t in read_topics},
+        )
         head = stage.head
-        if head is not None and head.waits_for_time:
-            # What waits for the watermark can fire when input stops (idle
-            # timeout): give the stage a batch now and then, and let the
-            # planner judge the origins' idleness by their offsets.
-            tick = min(self.engine.tick_ms, max(100, head.idle_timeout_ms // 2))
-            origins = ";".join(
-                f"{self.topology.stages[up].input_topic}={origin_id(up, 0)}"
-                for up in stage.upstreams
-            )
-            reader = (
-                reader.option("tick_ms", str(tick))
-                .option("origin_topics", origins)
-                .option("idle_timeout_ms", str(head.idle_timeout_ms))
-            )
-        ctx = TaskContext(
+        if head is None or not head.waits_for_time:
+            return opts
+        # What waits for the watermark can fire when input stops (idle timeout):
+        # give the stage a batch now and then, and let the planner judge the
+        # origins' idleness by their offsets.
+        return dataclasses.replace(
+            opts,
+            tick_ms=min(self.engine.tick_ms, max(100, head.idle_timeout_ms // 2)),
+            origin_topics=tuple(
+                (self.topology.stages[up].input_topic, origin_id(up, 0)) for up in stage.upstreams
+            ),
+            idle_timeout_ms=head.idle_timeout_ms,
+        )
+
+    def _task_context(self, stage: Stage) -> TaskContext:
+        """What every task of ``stage`` gets, pickled: its plan, the engine numbers, the client."""
+        return TaskContext(
             stage=StageContext.of(
                 self.topology,
                 stage.index,
@@ -453,15 +458,28 @@ class Instance:
             state_dir=str(self.engine.state_dir) if self.engine.state_dir else None,
             broker_outage_s=self.engine.broker_outage_s,
         )
+
+    def _start_query(self, stages: tuple[Stage, ...]) -> Any:
+        reader = (
+            self._spark.readStream.format("rocketmq")
+            .option("stages", encode_stages({s.index: self._stage_options(s) for s in stages}))
+            .option("group", self.group)
+            .option("settings_file", self._settings_file)
+            .option("max_records_per_batch", str(self.engine.max_records_per_batch))
+            .option("broker_outage_s", str(self.engine.broker_outage_s))
+            .option("partitions", str(self._spark.sparkContext.defaultParallelism))
+        )
+        contexts = {s.index: self._task_context(s) for s in stages}
+        name = "-".join(str(s.index) for s in stages)
         # A fresh checkpoint per start: a restarted query must not resume from the
         # previous assignment's offsets (positions come from the broker).
-        checkpoint = self._checkpoints / f"stage-{stage.index}-{uuid.uuid4().hex[:8]}"
+        checkpoint = self._checkpoints / f"query-{name}-{uuid.uuid4().hex[:8]}"
         return (
             reader.load()
-            .writeStream.foreachBatch(self._batch_fn(ctx))
+            .writeStream.foreachBatch(self._batch_fn(stages, contexts))
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{self.engine.trigger_interval_ms} milliseconds")
-            .queryName(f"{self.topology.job_id}-stage-{stage.index}-{uuid.uuid4().hex[:6]}")
+            .queryName(f"{self.topology.job_id}-stages-{name}-{uuid.uuid4().hex[:6]}")
             .start()
         )
 
@@ -494,8 +512,10 @@ class Instance:
             out.append((layout.index(queue), bound))
         return tuple(out)
 
-    def _batch_fn(self, ctx: TaskContext) -> Callable[[Any, int], None]:
-        stage = ctx.stage.stage
+    def _batch_fn(
+        self, stages: tuple[Stage, ...], contexts: dict[int, TaskContext]
+    ) -> Callable[[Any, int], None]:
+        what = _stages_named(stages)
 
         def run_batch(df: Any, batch_id: int) -> None:
             if self._stopping.is_set():
@@ -506,7 +526,7 @@ class Instance:
                 return
             began = time.monotonic()
             try:
-                rows = [r.asDict() for r in df.mapInArrow(task_fn(ctx), STATS_DDL).collect()]
+                rows = [r.asDict() for r in df.mapInArrow(task_fn(contexts), STATS_DDL).collect()]
             except Exception:
                 if self._stopping.is_set():
                     # Cancelled by our own stop (its wait for the batch ran out): skipped
@@ -515,16 +535,18 @@ class Instance:
                     return
                 raise
             ride_out_outage(
-                lambda: self._commit(stage, rows),
+                lambda: self._commit(rows),
                 budget_s=self.engine.broker_outage_s,
-                what=f"{self.topology.job_id} stage {stage.index}: offset commit",
+                what=f"{self.topology.job_id} {what}: offset commit",
                 log=self.progress,
             )
-            self._record(stage.index, rows, time.monotonic() - began)
+            seconds = time.monotonic() - began
+            for stage in stages:
+                self._record(stage.index, [r for r in rows if r["stage"] == stage.index], seconds)
 
         return run_batch
 
-    def _commit(self, stage: Stage, rows: list[dict[str, Any]]) -> None:
+    def _commit(self, rows: list[dict[str, Any]]) -> None:
         """Store each queue's batch end as the group's offset: the work is durable now.
 
         Spark's own source commit would come only when the next batch is
@@ -534,9 +556,14 @@ class Instance:
         start in between replays from the older offset, which the shuffle's
         de-duplication and the sinks' deterministic keys absorb.
         """
-        layout = self._layouts[stage.input_topic]
+        stages = self.topology.stages
         self._commit_offsets(
-            {layout.queue(int(row["queue_id"])): int(row["end_offset"]) for row in rows}
+            {
+                self._layouts[stages[int(row["stage"])].input_topic].queue(
+                    int(row["queue_id"])
+                ): int(row["end_offset"])
+                for row in rows
+            }
         )
 
     def _commit_offsets(self, ends: dict[MessageQueue, int]) -> None:
@@ -632,7 +659,7 @@ class Instance:
         return sum(k for k, _ in sizes), sum(b for _, b in sizes)
 
     def check_failed(self) -> None:
-        """Raise if a stage query died (with Spark's error).
+        """Raise if a query died (with Spark's error).
 
         A query that died only because Spark's Python worker did not start in
         time (a busy machine) is started again instead, within a budget
@@ -644,38 +671,40 @@ class Instance:
             exc = query.exception()
             if exc is None:
                 continue
-            stage = self.topology.stages[position]
-            if restartable(exc) and self._restart_allowed(stage, exc):
+            if restartable(exc) and self._restart_allowed(position, exc):
                 query.stop()
-                self._queries[position] = self._start_stage_retrying(stage)
+                self._queries[position] = self._start_query_retrying(position)
                 continue
-            raise RuntimeError(f"stage query {query.name} failed: {exc}") from None
+            raise RuntimeError(f"query {query.name} failed: {exc}") from None
 
-    def _start_stage_retrying(self, stage: Stage) -> Any:
-        """:meth:`_start_stage`, again while Spark's Python worker fails to start in time.
+    def _start_query_retrying(self, position: int) -> Any:
+        """:meth:`_start_query`, again while Spark's Python worker fails to start in time.
 
         Starting a query runs the data source's planner in a new Python worker,
         under the same 10 s connect-back limit as the query's own runner.
         """
+        stages = self._query_stages[position]
         attempt = 0
         while True:
             attempt += 1
             again = f" (attempt {attempt})" if attempt > 1 else ""
             try:
-                with self.busy(f"starting the query of stage {stage.index}{again}"):
-                    return self._start_stage(stage)
+                with self.busy(f"starting the query of {_stages_named(stages)}{again}"):
+                    return self._start_query(stages)
             except Exception as exc:  # Py4J and Spark errors have no common base here
-                if not (restartable(exc) and self._restart_allowed(stage, exc)):
+                if not (restartable(exc) and self._restart_allowed(position, exc)):
                     raise
 
-    def _restart_allowed(self, stage: Stage, exc: object) -> bool:
-        """Take one restart of ``stage``'s query from its budget, saying why."""
-        if not self._restarts[stage.index].allow(time.monotonic()):
+    def _restart_allowed(self, position: int, exc: object) -> bool:
+        """Take one restart of query ``position`` from its budget, saying why."""
+        if not self._restarts[position].allow(time.monotonic()):
             return False
-        self.prometheus.record_restart(stage.index)
+        stages = self._query_stages[position]
+        for stage in stages:
+            self.prometheus.record_restart(stage.index)
         first_line = (str(exc).strip().splitlines() or [""])[0]
         self.progress(
-            f"stage {stage.index}: Spark's Python worker did not start in time "
+            f"{_stages_named(stages)}: Spark's Python worker did not start in time "
             f"({first_line}); starting the query again"
         )
         return True
@@ -702,7 +731,7 @@ class Instance:
             time.sleep(poll_s)
 
     def stop_queries(self, timeout_s: float = 120.0) -> None:
-        """Finish the batch in flight in every stage, then stop the queries (final checkpoint)."""
+        """Finish the batch in flight, then stop the queries (final checkpoint)."""
         with self.busy("finishing the batch in flight and stopping the queries"):
             self._stop_queries(timeout_s)
 
@@ -731,11 +760,11 @@ class Instance:
             # queries while the SparkSession stays): hand them back, so the
             # queues' next owner, a restore or a wipe can have them.
             release_job_stores(self.engine.state_dir, self.topology.job_id)
-        for path in self._checkpoints.glob("stage-*"):
+        for path in self._checkpoints.glob("query-*"):
             shutil.rmtree(path, ignore_errors=True)
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Finish the batch in flight in every stage, then stop (final checkpoint)."""
+        """Finish the batch in flight, then stop (final checkpoint)."""
         self.stop_queries(timeout_s)
         # After the last batch counted; frees the port for this process's next instance.
         self.prometheus.close()
@@ -755,3 +784,16 @@ class Instance:
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
+
+
+def _stages_named(stages: tuple[Stage, ...]) -> str:
+    """``stage 0`` or ``stages 0, 1``: how logs and heartbeats name a query.
+
+    >>> _stages_named(())
+    'no stage'
+    """
+    if not stages:
+        return "no stage"
+    if len(stages) == 1:
+        return f"stage {stages[0].index}"
+    return "stages " + ", ".join(str(s.index) for s in stages)

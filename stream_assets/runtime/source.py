@@ -1,19 +1,22 @@
 """``rocketmq``: a streaming source on PySpark's Python Data Source API.
 
-One Spark input partition per message queue, offsets per queue, and a bound on
-records per micro-batch (``ReadMaxRows``, PySpark >= 4.2). The start position
+One source reads every stage of an instance (option ``stages``): one Spark
+query, so one micro-batch is one Spark job for all stages and the fixed cost
+of a batch (planning, scheduling, a runner process) is paid once, not once per
+stage. Offsets per stage and queue, and a bound on records per micro-batch and
+stage (``ReadMaxRows``, PySpark >= 4.2). The start position
 of every queue is the consumer group's committed offset on the broker (its min
 offset if the group never committed); the consumer of a batch commits its end
 once the batch's work is durable: the broker, not a Spark checkpoint, is the
 authority, so a queue can move to another instance.
 
-A row is a queue's ``[start, end)`` range, not a message: the engine's task
+A row is a stage queue's ``[start, end)`` range, not a message: the engine's task
 pulls the messages itself, which saves two JVM round trips per record
 (docs/engine.md). Every assigned queue gets its row on a tick (option
 ``tick_ms``) even with no new messages, so stateful stages can fire windows
 when input stops.
 
-Idleness (options ``origin_topics``, ``idle_timeout_ms``): for a keyed stage
+Idleness (a stage's ``origin_topics``, ``idle_timeout_ms``): for a keyed stage
 the planner also watches the topics its origins read (the input topics of
 the upstream stages; ``topic=base`` pairs, an origin id being base + queue
 id). An origin is idle when its queue's broker end offset has not moved for
@@ -29,7 +32,8 @@ plans and logs, and never from the environment of the process Spark plans in.
 Example::
 
     >>> spark.dataSource.register(RocketMQDataSource)  # doctest: +SKIP
-    >>> df = (spark.readStream.format("rocketmq").option("topic", "orders")
+    >>> stages = encode_stages({0: StageOptions(topic="orders")})
+    >>> df = (spark.readStream.format("rocketmq").option("stages", stages)
     ...       .option("group", "g").option("settings_file", path).load())  # doctest: +SKIP
 """
 
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,6 +64,7 @@ T = TypeVar("T")
 
 RANGE_SCHEMA = StructType(
     [
+        StructField("stage", IntegerType()),
         StructField("queue_id", IntegerType()),
         StructField("start", LongType()),
         StructField("end", LongType()),
@@ -76,6 +81,8 @@ class QueueRange:
     start: int
     end: int
     idle: tuple[int, ...] = ()
+    #: The stage whose input queue this is.
+    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,54 +99,98 @@ class QueueRanges(InputPartition):
 
 
 @dataclass(frozen=True)
+class StageOptions:
+    """What the source reads for one stage: its input queues, ticks and origins.
+
+    Example::
+
+        >>> StageOptions(topic="orders", queues=(0, 2)).to_json()["queues"]
+        [0, 2]
+    """
+
+    topic: str
+    #: Queue indices in the topic's layout (None: all of them).
+    queues: tuple[int, ...] | None = None
+    tick_ms: int = 0
+    #: (topic, origin id of its queue 0) per upstream input topic of a keyed stage.
+    origin_topics: tuple[tuple[str, int], ...] = ()
+    idle_timeout_ms: int = 0
+    #: Where the planner records each batch's end before the batch runs (see
+    #: _planned_group in runtime/instance.py); None: not recorded.
+    planned_group: str | None = None
+    #: The layouts of ``topic`` and of the origin topics (queue index -> broker, id).
+    layouts: dict[str, TopicLayout] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """This stage's part of the ``stages`` option (no secrets: safe in a plan)."""
+        return {
+            "topic": self.topic,
+            "queues": None if self.queues is None else list(self.queues),
+            "tick_ms": self.tick_ms,
+            "origin_topics": [list(pair) for pair in self.origin_topics],
+            "idle_timeout_ms": self.idle_timeout_ms,
+            "planned_group": self.planned_group,
+            "layouts": {t: layout.encode() for t, layout in self.layouts.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageOptions:
+        """What :meth:`to_json` wrote."""
+        queues = data.get("queues")
+        return cls(
+            topic=str(data["topic"]),
+            # [] is an assignment of no queues (an idle instance), not "all queues".
+            queues=None if queues is None else tuple(int(q) for q in queues),
+            tick_ms=int(data.get("tick_ms", 0)),
+            origin_topics=tuple((str(t), int(b)) for t, b in data.get("origin_topics", ())),
+            idle_timeout_ms=int(data.get("idle_timeout_ms", 0)),
+            planned_group=data.get("planned_group") or None,
+            layouts={t: TopicLayout.decode(t, code) for t, code in data.get("layouts", {}).items()},
+        )
+
+
+def encode_stages(stages: Mapping[int, StageOptions]) -> str:
+    """The ``stages`` option: stage index -> what the source reads for it, as JSON."""
+    return json.dumps({str(index): opts.to_json() for index, opts in stages.items()})
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     """The source's options, parsed and checked once."""
 
-    topic: str
     group: str
     settings_file: str
-    #: Queue indices in the topic's layout (None: all of them).
-    queues: tuple[int, ...] | None
-    max_records_per_batch: int
-    tick_ms: int
-    broker_outage_s: float
-    #: (topic, origin id of its queue 0) per upstream input topic of a keyed stage.
-    origin_topics: tuple[tuple[str, int], ...]
-    idle_timeout_ms: int
-    #: Where the planner records each batch's end before the batch runs (see
-    #: planned_group() in runtime/instance.py); None: not recorded.
-    planned_group: str | None = None
+    stages: dict[int, StageOptions]
+    #: Per stage: at most this many records per micro-batch.
+    max_records_per_batch: int = 100_000
+    broker_outage_s: float = 0.0
     #: At most this many Spark tasks per micro-batch (0: one per queue).
     partitions: int = 0
-    #: The layouts of ``topic`` and of the origin topics (queue index -> broker, id).
-    layouts: dict[str, TopicLayout] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SourceOptions:
         """Parse Spark's string options, raising a clear error for a bad one."""
-        for required in ("topic", "group", "settings_file"):
+        for required in ("stages", "group", "settings_file"):
             if not options.get(required):
                 raise ValueError(f"rocketmq source: option {required!r} is required")
-        queues = options.get("queues")
+        try:
+            stages = {
+                int(index): StageOptions.from_json(data)
+                for index, data in json.loads(options["stages"]).items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"rocketmq source: option 'stages' must be what encode_stages() writes ({exc!r})"
+            ) from exc
+        if not stages:
+            raise ValueError("rocketmq source: option 'stages' names no stage")
         return cls(
-            topic=options["topic"],
             group=options["group"],
             settings_file=options["settings_file"],
-            # "" is an assignment of no queues (an idle instance), not "all queues".
-            queues=tuple(int(q) for q in queues.split(",") if q) if queues is not None else None,
+            stages=stages,
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
-            tick_ms=int(options.get("tick_ms", "0")),
             broker_outage_s=float(options.get("broker_outage_s", "0")),
-            origin_topics=tuple(
-                (topic, int(base))
-                for topic, base in (
-                    pair.split("=") for pair in options.get("origin_topics", "").split(";") if pair
-                )
-            ),
-            idle_timeout_ms=int(options.get("idle_timeout_ms", "0")),
-            planned_group=options.get("planned_group") or None,
             partitions=int(options.get("partitions", "0")),
-            layouts=decode_layouts(options.get("layouts", "")),
         )
 
     def settings(self) -> RocketMQSettings:
@@ -169,28 +220,22 @@ class RocketMQDataSource(DataSource):
 
 
 class RocketMQStreamReader(DataSourceStreamReader):
-    """Plans micro-batches over the assigned queues; runs in the driver's Python."""
+    """Plans micro-batches over every stage's assigned queues; runs in the driver's Python.
+
+    An offset is one :class:`StagePlanner` offset per stage, keyed by the
+    stage index (as a string: Spark keeps offsets as JSON).
+    """
 
     def __init__(self, options: SourceOptions) -> None:
         self.opts = options
         self._settings = options.settings()
         self._admin_obj: RocketMQAdmin | None = None
-        # Per source queue: (end offset, monotonic time it was first seen at that end).
-        self._origin_ends: dict[tuple[str, MessageQueue], tuple[int, float]] = {}
-        self._planned: dict[str, int] = {}  # ends recorded in the planned group
-        # Spark may create this reader late (a query's first batch), even while
-        # the broker restarts: every broker call here rides out an outage.
-        layout = options.layouts.get(options.topic)
-        if layout is None:
-            layout = self._ride(lambda: TopicLayout.of(self._admin.queues(options.topic)), "queues")
-        self._layout = layout
-        indices = options.queues if options.queues is not None else range(len(layout))
-        self._queues = [layout.queue(i) for i in indices]
-        #: Broker groups found unreachable, reported once per outage.
-        self._down: set[tuple[str, str]] = set()
+        self._planners = {
+            index: StagePlanner(index, stage, options, self._get_admin)
+            for index, stage in sorted(options.stages.items())
+        }
 
-    @property
-    def _admin(self) -> RocketMQAdmin:
+    def _get_admin(self) -> RocketMQAdmin:
         # Created lazily and never pickled: sockets do not pickle.
         if self._admin_obj is None:
             self._admin_obj = RocketMQAdmin(self._settings)
@@ -199,21 +244,88 @@ class RocketMQStreamReader(DataSourceStreamReader):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_admin_obj": None}
 
+    def initialOffset(self) -> dict[str, Any]:
+        return {str(i): planner.initial() for i, planner in self._planners.items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_records_per_batch)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
+        return {str(i): p.latest(start[str(i)], budget) for i, p in self._planners.items()}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRanges]:
+        ranges = [
+            r for i, p in self._planners.items() for r in p.ranges(start[str(i)], end[str(i)])
+        ]
+        return group_ranges(ranges, self.opts.partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, QueueRanges)
+        for r in partition.ranges:
+            yield (r.stage, r.queue_id, r.start, r.end, list(r.idle))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        # Offsets are committed by whoever consumes the batch, once its work is
+        # durable (Instance._commit); Spark calls this only when it plans the
+        # *next* batch, which may never come.
+        return None
+
+    def stop(self) -> None:
+        if self._admin_obj is not None:
+            self._admin_obj.close()
+
+
+class StagePlanner:
+    """One stage's part of the plan: its queues' start and end offsets, ticks, idle origins.
+
+    An offset here is ``{"q": {queue key: offset}, "tick": n, "idle": [origin ids]}``.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        opts: StageOptions,
+        source: SourceOptions,
+        admin: Callable[[], RocketMQAdmin],
+    ) -> None:
+        self.index = index
+        self.opts = opts
+        self._group = source.group
+        self._outage_s = source.broker_outage_s
+        self._admin = admin
+        # Per source queue: (end offset, monotonic time it was first seen at that end).
+        self._origin_ends: dict[tuple[str, MessageQueue], tuple[int, float]] = {}
+        self._planned: dict[str, int] = {}  # ends recorded in the planned group
+        # Spark may create the reader late (a query's first batch), even while
+        # the broker restarts: every broker call here rides out an outage.
+        layout = opts.layouts.get(opts.topic)
+        if layout is None:
+            layout = self._ride(lambda: TopicLayout.of(self._admin().queues(opts.topic)), "queues")
+        self._layout = layout
+        indices = opts.queues if opts.queues is not None else range(len(layout))
+        self._queues = [layout.queue(i) for i in indices]
+        #: Broker groups found unreachable, reported once per outage.
+        self._down: set[tuple[str, str]] = set()
+
     def _ride(self, step: Callable[[], T], what: str) -> T:
         return ride_out_outage(
-            step, budget_s=self.opts.broker_outage_s, what=f"source {self.opts.topic}: {what}"
+            step, budget_s=self._outage_s, what=f"source {self.opts.topic}: {what}"
         )
 
     def _key(self, queue: MessageQueue) -> str:
         return f"{queue.broker_name}:{queue.queue_id}"
 
-    def initialOffset(self) -> dict[str, Any]:
+    def initial(self) -> dict[str, Any]:
+        """The committed offset of every queue (the min offset where never committed)."""
+
         def start_offsets() -> dict[str, int]:
             # One round trip per broker for the committed offsets, and one more
             # for the min offsets only if some queue was never committed.
-            committed = self._admin.group_offsets(self.opts.group, self.opts.topic, self._queues)
+            admin = self._admin()
+            committed = admin.group_offsets(self._group, self.opts.topic, self._queues)
             never = [q for q, offset in committed.items() if offset is None]
-            floors = self._admin.topic_offsets(self.opts.topic, never)
+            floors = admin.topic_offsets(self.opts.topic, never)
             return {
                 self._key(q): offset if offset is not None else floors[q].min_offset
                 for q, offset in committed.items()
@@ -221,16 +333,13 @@ class RocketMQStreamReader(DataSourceStreamReader):
 
         return {"q": self._ride(start_offsets, "start offsets"), "tick": 0, "idle": []}
 
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.opts.max_records_per_batch)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latest(self, start: dict[str, Any], budget: int | None) -> dict[str, Any]:
+        """The next batch's end: what is available, at most ``budget`` records."""
         # Idle source queues first: their committed ends were durable (shuffle
         # sent) before the stage queues' end offsets are read below.
         idle = self._ride(self._idle_origins, "idle check") if self.opts.origin_topics else []
         begin: dict[str, int] = start["q"]
         available = self._ride(lambda: self._end_offsets(begin), "latest offsets")
-        budget = None if isinstance(limit, ReadAllAvailable) else getattr(limit, "max_rows", None)
         end, capped = _cap(begin, available, budget)
         if self.opts.planned_group:
             end = self._ride(lambda: self._record_planned(begin, end), "planned offsets")
@@ -254,7 +363,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         planned = dict(end)
         for on_broker in moved.values():
             try:
-                self._admin.commit_consumer_offsets(self.opts.planned_group, on_broker)
+                self._admin().commit_consumer_offsets(self.opts.planned_group, on_broker)
             except BrokerUnreachableError:
                 for q in on_broker:
                     planned[self._key(q)] = begin[self._key(q)]
@@ -286,7 +395,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         found: dict[MessageQueue, QueueOffsets] = {}
         for broker, on_broker in by_group.items():
             try:
-                found.update(self._admin.topic_offsets(topic, on_broker))
+                found.update(self._admin().topic_offsets(topic, on_broker))
             except (BrokerUnreachableError, RemotingError) as exc:
                 # RemotingError: e.g. a slave that has not learnt the topic yet.
                 if (topic, broker) not in self._down:
@@ -305,7 +414,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         now = time.monotonic()
         idle = []
         for topic, base in self.opts.origin_topics:
-            layout = self.opts.layouts.get(topic) or TopicLayout.of(self._admin.queues(topic))
+            layout = self.opts.layouts.get(topic) or TopicLayout.of(self._admin().queues(topic))
             ranges = self._reachable_offsets(topic, layout.queues)
             unmoved = []
             for queue, offsets in ranges.items():
@@ -318,7 +427,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
             # Committed offsets after the ends: a commit at or past the end read
             # above means the stage processed everything the queue held then.
             try:
-                committed = self._admin.group_offsets(self.opts.group, topic, unmoved)
+                committed = self._admin().group_offsets(self._group, topic, unmoved)
             except BrokerUnreachableError:
                 continue
             for queue in unmoved:
@@ -329,7 +438,8 @@ class RocketMQStreamReader(DataSourceStreamReader):
                     idle.append(base + layout.index(queue))
         return idle
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRanges]:
+    def ranges(self, start: dict[str, Any], end: dict[str, Any]) -> list[QueueRange]:
+        """The queues this stage reads in the batch from ``start`` to ``end``."""
         ticked = end.get("tick", 0) != start.get("tick", 0)
         idle = tuple(end.get("idle", ()))
         ranges = []
@@ -339,34 +449,8 @@ class RocketMQStreamReader(DataSourceStreamReader):
             key = self._key(queue)
             lo, hi = int(start["q"].get(key, 0)), int(end["q"][key])
             if hi > lo or ticked:
-                ranges.append(QueueRange(self._layout.index(queue), lo, hi, idle))
-        return group_ranges(ranges, self.opts.partitions)
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, QueueRanges)
-        for r in partition.ranges:
-            yield (r.queue_id, r.start, r.end, list(r.idle))
-
-    def commit(self, end: dict[str, Any]) -> None:
-        # Offsets are committed by whoever consumes the batch, once its work is
-        # durable (Instance._commit); Spark calls this only when it plans the
-        # *next* batch, which may never come.
-        return None
-
-    def stop(self) -> None:
-        self._admin.close()
-
-
-def encode_layouts(layouts: Iterable[TopicLayout]) -> str:
-    """The ``layouts`` option: topic -> layout, as JSON (no secrets; safe in a plan)."""
-    return json.dumps({layout.topic: layout.encode() for layout in layouts})
-
-
-def decode_layouts(text: str) -> dict[str, TopicLayout]:
-    """What :func:`encode_layouts` wrote ("" : none)."""
-    if not text:
-        return {}
-    return {topic: TopicLayout.decode(topic, code) for topic, code in json.loads(text).items()}
+                ranges.append(QueueRange(self._layout.index(queue), lo, hi, idle, self.index))
+        return ranges
 
 
 def group_ranges(ranges: list[QueueRange], tasks: int) -> list[QueueRanges]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -138,13 +138,14 @@ def run_stateful_queue(
 
 
 def task_fn(
-    ctx: TaskContext, stdout: Lines | None = None
+    stages: Mapping[int, TaskContext], stdout: Lines | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of a stage: one stats row per (queue, range) row.
+    """The ``mapInArrow`` function of a query: one stats row per (stage, queue, range) row.
 
-    Called on the driver. What a queue's batch prints goes to ``stdout``, by
-    default the running SparkContext's accumulator that the driver writes to
-    its own stdout (:mod:`~stream_assets.runtime.task_stdout`); without a
+    ``stages`` holds the context of every stage the query reads. Called on the
+    driver. What a queue's batch prints goes to ``stdout``, by default the
+    running SparkContext's accumulator that the driver writes to its own
+    stdout (:mod:`~stream_assets.runtime.task_stdout`); without a
     SparkContext, prints are left alone.
     """
     lines = stdout if stdout is not None else active_stdout_accumulator()
@@ -152,6 +153,7 @@ def task_fn(
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for row in batch.to_pylist():
+                ctx = stages[int(row["stage"])]
                 queue_id, start, end = int(row["queue_id"]), int(row["start"]), int(row["end"])
                 if ctx.stage.stage.stateful:
                     step = partial(

@@ -350,8 +350,8 @@ class FakeQuery:
 
 
 def test_query_restarts_are_counted_per_stage() -> None:
-    inst, _ = _instance()
-    inst._start_stage = lambda stage: FakeQuery(f"restarted-{stage.index}")  # type: ignore[method-assign]
+    inst, _ = _instance(query_per_stage=True)
+    inst._start_query = lambda stages: FakeQuery("restarted")  # type: ignore[method-assign]
     failed = "org.apache.spark.SparkException: Python worker failed to connect back."
     for _ in range(3):
         inst._queries = [FakeQuery("stage-0"), FakeQuery("stage-1", failed)]
@@ -369,11 +369,27 @@ def test_query_restarts_are_counted_per_stage() -> None:
     }
 
 
+def test_a_restart_of_the_one_query_counts_for_every_stage_it_runs() -> None:
+    inst, _ = _instance()
+    inst._start_query = lambda stages: FakeQuery("restarted")  # type: ignore[method-assign]
+    inst._queries = [FakeQuery("stages-0-1", "Python worker failed to connect back.")]
+    inst.check_failed()
+    url = inst.prometheus.serve("127.0.0.1", 0)
+    try:
+        samples, _ = _scrape(url)
+    finally:
+        inst.prometheus.close()
+    assert samples["stream_assets_query_restarts_total"] == {
+        _stage_labels(inst, 0, 0): 1.0,
+        _stage_labels(inst, 0, 1): 1.0,
+    }
+
+
 def test_a_rebalance_in_place_starts_the_new_generations_series_and_drops_moved_gauges() -> None:
     inst, _ = _instance(generation=3)
     source, shuffle = inst.topology.stages[0].input_topic, inst.topology.stages[1].input_topic
     inst.assignment = {source: [0, 1, 2, 3], shuffle: list(range(8))}
-    inst._start_stage = lambda stage: FakeQuery(f"stage-{stage.index}")  # type: ignore[method-assign]
+    inst._start_query = lambda stages: FakeQuery("stages")  # type: ignore[method-assign]
     rnd = random.Random(99)
     fed = _feed(inst, rnd, 30, {0: range(4), 1: range(8)})
     inst.prometheus.record_lag({source: {0: 5}, shuffle: {7: 2}})

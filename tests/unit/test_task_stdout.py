@@ -131,7 +131,10 @@ def _task_context(broker_outage_s: float = 0.0) -> spark_task.TaskContext:
 
 
 def _rows(*queues: int) -> Iterator[pa.RecordBatch]:
-    rows = [{"queue_id": q, "start": 10 * q, "end": 10 * q + 3, "idle": None} for q in queues]
+    rows = [
+        {"stage": 0, "queue_id": q, "start": 10 * q, "end": 10 * q + 3, "idle": None}
+        for q in queues
+    ]
     yield pa.RecordBatch.from_pylist(rows)
 
 
@@ -145,7 +148,7 @@ def test_the_spark_task_hands_each_queues_print_to_the_driver_in_order(
 
     monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
     pieces = Pieces()
-    out = list(spark_task.task_fn(_task_context(), stdout=pieces)(_rows(0, 1)))
+    out = list(spark_task.task_fn({0: _task_context()}, stdout=pieces)(_rows(0, 1)))
     assert [b.to_pylist()[0]["queue_id"] for b in out] == [0, 1]
     assert pieces == [
         "q0 offset 0\nq0 offset 1\nq0 offset 2\n",
@@ -169,7 +172,7 @@ def test_only_the_attempt_that_succeeded_reaches_the_driver(
     monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
     pieces = Pieces()
     ctx = _task_context(broker_outage_s=5.0)
-    list(spark_task.task_fn(ctx, stdout=pieces)(_rows(0)))
+    list(spark_task.task_fn({0: ctx}, stdout=pieces)(_rows(0)))
     assert pieces == ["attempt 2\n"]
     assert capsys.readouterr().out == "attempt 1\n"  # the worker's own stdout, as before
 
@@ -183,5 +186,5 @@ def test_without_a_spark_context_the_task_leaves_prints_alone(
 
     monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
     monkeypatch.setattr("pyspark.SparkContext._active_spark_context", None)
-    list(spark_task.task_fn(_task_context())(_rows(0)))
+    list(spark_task.task_fn({0: _task_context()})(_rows(0)))
     assert capsys.readouterr().out == "plain\n"
