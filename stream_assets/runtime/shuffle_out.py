@@ -74,7 +74,7 @@ _INT64, _UINT64 = -(2**63), 2**64
 _NO_WINDOW: tuple[None] = (None,)
 #: Packed bytes of a per-record entry besides its key and value: the array header,
 #: ts, offset and sub (9 bytes each at most), a join's side tag and a str/bin header.
-_ENTRY_OVERHEAD = 48
+ENTRY_OVERHEAD = 48
 _TARGET, _TS = itemgetter(2), itemgetter(4)
 
 
@@ -105,8 +105,9 @@ class ShuffleOut:
         #: Per shuffle queue, the elements its combined message stands for.
         self.combined_records: Counter[int] = Counter()
         #: Combining: the accepted records, (keyed, offset), unpacked into
-        #: ``per_record`` only for the queues whose batch goes per record.
-        self._accepted: list[tuple[list[Keyed], int]] = []
+        #: ``per_record`` only for the queues whose batch goes per record; a
+        #: record the count path took is kept unkeyed, (values, ts).
+        self._accepted: list[tuple[list[Keyed] | tuple[list[Any], int], int]] = []
         #: Builds the accumulator from a slot's count when the aggregate only
         #: counts (see _counter_of); None: fold through the accumulator.
         self._count_acc = _counter_of(self.agg.accumulator) if self.agg is not None else None
@@ -118,6 +119,18 @@ class ShuffleOut:
         #: Shuffle topics whose stateful stage goes by event time (lateness, timers,
         #: TTL): only they need progress.
         self.timed_topics = frozenset(e.topic for e in self.exits if e.head.waits_for_time)
+
+    @property
+    def counts_only(self) -> bool:
+        """Whether the exit's aggregate only counts (its slots hold plain counts)."""
+        return self._count_acc is not None
+
+    def took(self, values: list[Any], ts: int, offset: int) -> None:
+        """A record the count path (:mod:`~stream_assets.runtime.count_path`) counted:
+        its progress, and its values in case its queue's batch goes per record."""
+        if self.progress is None or ts > self.progress:
+            self.progress = ts
+        self._accepted.append(((values, ts), offset))
 
     def key(
         self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0
@@ -261,8 +274,11 @@ class ShuffleOut:
         if all((topic, t) in sent for t in self.combined_records):
             return
         rows = self.per_record
-        for keyed, offset in self._accepted:
-            for _key, _kb, target, _v, _ts, packed in keyed:
+        for accepted, offset in self._accepted:
+            if isinstance(accepted, tuple):  # the count path's: keyed again, as then
+                values, ts = accepted
+                accepted = self.key(0, [(v, ts) for v in values], offset)
+            for _key, _kb, target, _v, _ts, packed in accepted:
                 if (topic, target) not in sent:
                     rows[(topic, target)].append((packed, offset))
 
@@ -440,13 +456,13 @@ def _packs_later(value: Any, ts: int, key_len: int, limit: int) -> bool:
     if kind is str or kind is bytes:
         if kind is str and not value.isascii():
             return False  # it may hold a lone surrogate
-        return key_len + len(value) + _ENTRY_OVERHEAD <= limit
+        return key_len + len(value) + ENTRY_OVERHEAD <= limit
     if kind is int:
         if not _INT64 <= value < _UINT64:
             return False
     elif not (kind is float or kind is bool or value is None):
         return False
-    return key_len + 9 + _ENTRY_OVERHEAD <= limit
+    return key_len + 9 + ENTRY_OVERHEAD <= limit
 
 
 def _packed(entries: list[tuple[Packable, int]]) -> list[tuple[bytes, int]]:

@@ -23,6 +23,7 @@ from stream_assets.plan.topology import Stage, origin_id
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.chain import OperatorGraph, UserFunctionError
 from stream_assets.runtime.context import StageContext, TaskStats
+from stream_assets.runtime.count_path import CountPath
 from stream_assets.runtime.outputs import StageOutputs, dead_letter
 from stream_assets.runtime.ports import Sender
 from stream_assets.runtime.shuffle_out import Keyed, ShuffleOut
@@ -61,6 +62,8 @@ def run_source_batch(
         origin_id(stage.index, queue_id),
         combine=ctx.may_combine(queue_id, start),
     )
+    # A straight chain into a count: most records take the specialised path.
+    counting = CountPath.of(stage, shuffle)
     exits = range(len(stage.exits))
     last_offset = start - 1
     outputs.route_key = f"{stage.input_topic}/{queue_id}"
@@ -78,6 +81,8 @@ def run_source_batch(
             continue
         ts = record.born_timestamp
         try:
+            if counting is not None and counting.take(value, ts, offset):
+                continue
             meta = Metadata.of(record, ts) if graph.wants_metadata else None
             reached = graph.run(value, ts, meta)
             keyed: list[list[Keyed]] = []
@@ -98,6 +103,8 @@ def run_source_batch(
                 shuffle.accept(i, keyed[i], offset)
         shuffle.observe()
 
+    if counting is not None:
+        counting.merge()
     shuffle.send_all(last_offset)
     outputs.flush()
     sender.flush()  # everything durable before the driver commits the offsets
