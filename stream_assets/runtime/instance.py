@@ -176,6 +176,9 @@ class Instance:
         self._layouts: dict[str, TopicLayout] = {}
         #: Offsets a broker group without a master could not store yet; sent with the next commit.
         self._deferred: dict[MessageQueue, int] = {}
+        #: Every offset this instance's batches committed, while it runs its queues: a
+        #: master killed before it flushed them (every 5 s) comes back without them.
+        self._committed: dict[MessageQueue, int] = {}
         self._commit_lock = threading.Lock()
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
@@ -570,6 +573,7 @@ class Instance:
         """Commit ``ends`` and any offsets still waiting, a round trip per broker group;
         a group that cannot store them now keeps them waiting (:attr:`_deferred`)."""
         with self._commit_lock:
+            self._committed.update(ends)
             by_group: dict[str, dict[MessageQueue, int]] = {}
             for queue, offset in {**self._deferred, **ends}.items():
                 by_group.setdefault(queue.broker_name, {})[queue] = offset
@@ -637,6 +641,7 @@ class Instance:
             # Committed offsets before the ends: the lag may overstate, never understate,
             # so 0 means everything the queue held was committed.
             committed = admin.group_offsets(self.group, stage.input_topic, queues)
+            self._commit_again_if_lost(committed)
             ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
             for q in queues:
@@ -647,6 +652,33 @@ class Instance:
             out[stage.input_topic] = per_queue
         self.prometheus.record_lag(out)
         return out
+
+    def _commit_again_if_lost(self, committed: dict[MessageQueue, int | None]) -> None:
+        """Commit again, with the next commit, any offset of ours the broker no longer has.
+
+        A master killed before it flushed its consumer offsets (RocketMQ: every
+        5 s) restarts with older ones. Nothing else would commit those queues
+        again until new input arrives there, so their lag would stay up and a
+        restart would replay them (de-duplicated, but for nothing). Only this
+        instance commits its queues (a rebalance forgets those it gives up, a
+        reset runs with the topology stopped), so its own offsets are the truth.
+        """
+        with self._commit_lock:
+            lost = {
+                q: ours
+                for q, on_broker in committed.items()
+                if (ours := self._committed.get(q)) is not None
+                and (on_broker is None or on_broker < ours)
+                and q not in self._deferred
+            }
+            if not lost:
+                return
+            self._deferred.update(lost)
+        groups = ", ".join(sorted({q.broker_name for q in lost}))
+        self.progress(
+            f"broker group {groups} lost the committed offsets of {len(lost)} queues "
+            "(a master restarted before it flushed them); committing them again"
+        )
 
     def lag(self) -> dict[str, int]:
         """Messages not yet committed, per stage input topic (over assigned queues)."""
@@ -749,6 +781,8 @@ class Instance:
         self._queries.clear()
         try:
             left = self.commit_waiting()
+            # The queues are no longer this instance's to vouch for.
+            self._committed.clear()
         except TRANSIENT as exc:
             left = len(self._deferred)
             self.progress(f"offsets still waiting at the stop: {exc}")
