@@ -27,7 +27,7 @@ Example::
     >>> ctx = StageContext.of(wordcount.build(), 0, shuffle_queues=2, source_queues=(0,))
     >>> shuffle = ShuffleOut(ctx, sender=None, stats=TaskStats(), src=0, combine=True)
     >>> path = CountPath.of(ctx.stage, shuffle)
-    >>> path.take("to be or not to be", 7, offset=0)
+    >>> path.take("to be or not to be", 7, offset=0) is None  # counted
     True
     >>> path.counts.most_common(2)
     [('to', 2), ('be', 2)]
@@ -54,7 +54,11 @@ Chain = Callable[[Any], list[Any]]
 
 
 class CountPath:
-    """Counts the records of one batch that fit the shape; :meth:`take` says which."""
+    """Counts the records of one batch that fit the shape; :meth:`take` says which.
+
+    A record it does not count goes on the general way with the values that
+    reached the exit: the chain's functions run once per record either way.
+    """
 
     def __init__(self, chain: Chain, key_fn: Callable[[Any], Any], shuffle: ShuffleOut) -> None:
         self._chain = chain
@@ -86,14 +90,15 @@ class CountPath:
         chain = _compile(stage, exit_.key_by.op_id)
         return None if chain is None else cls(chain, exit_.key_by.fn, shuffle)
 
-    def take(self, value: Any, ts: int, offset: int) -> bool:
-        """Count the record of ``value`` (event time ``ts``) if it fits; False: the general
-        path must run it. Raises UserFunctionError as the general path would."""
-        if type(ts) is not int or not _INT64_MIN <= ts < _UINT64_END:
-            return False
+    def take(self, value: Any, ts: int, offset: int) -> list[Any] | None:
+        """Count the record of ``value`` (event time ``ts``) if it fits: None. Else the values
+        that reached the exit, for the general path to key and fold. Raises
+        UserFunctionError as the general path would."""
         values = self._chain(value)
         if not values:
-            return True
+            return None
+        if type(ts) is not int or not _INT64_MIN <= ts < _UINT64_END:
+            return values
         key_fn = self._key_fn
         try:
             keys = list(map(key_fn, values))
@@ -102,10 +107,10 @@ class CountPath:
         key_width = _utf8_width(keys)
         value_width = _utf8_width(values) if key_width else 0
         if not value_width:
-            return False
+            return values
         longest = max(map(len, keys)) + max(map(len, values))
         if longest * max(key_width, value_width) > self._room:
-            return False
+            return values
         self.counts.update(keys)
         if ts >= self._top:
             # Later than every record so far: the latest of each of its keys.
@@ -117,7 +122,7 @@ class CountPath:
                 if ts > latest.get(key, _INT64_MIN):
                     latest[key] = ts
         self._shuffle.took(values, ts, offset)
-        return True
+        return None
 
     def merge(self) -> None:
         """Add the batch's counts to the shuffle's combined slots, routing each key once;

@@ -81,10 +81,14 @@ def run_source_batch(
             continue
         ts = record.born_timestamp
         try:
-            if counting is not None and counting.take(value, ts, offset):
-                continue
-            meta = Metadata.of(record, ts) if graph.wants_metadata else None
-            reached = graph.run(value, ts, meta)
+            if counting is None:
+                meta = Metadata.of(record, ts) if graph.wants_metadata else None
+                reached = graph.run(value, ts, meta)
+            else:
+                values = counting.take(value, ts, offset)
+                if values is None:
+                    continue
+                reached = [[(v, ts) for v in values]]
             keyed: list[list[Keyed]] = []
             subs: dict[str, int] = {}  # per shuffle topic: sub-indexes used by this record
             for i in exits:

@@ -44,6 +44,10 @@ VOCAB = [
 ]
 
 
+#: Calls of the user functions that count them: each runs once per value either way.
+CALLS: collections.Counter[str] = collections.Counter()
+
+
 class Bad(Exception):
     """Raised by a test function on purpose."""
 
@@ -55,6 +59,7 @@ def _boom(w: Any) -> Any:
 
 
 def _mangle(w: Any) -> Any:
+    CALLS["mangle"] += 1
     low = w.lower() if isinstance(w, str) else ""
     if low == "sur":
         return "\ud800" + w
@@ -86,6 +91,7 @@ STEPS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], list[Any]]]] = {
 
 
 def _key(w: Any) -> Any:
+    CALLS["key"] += 1
     if isinstance(w, str) and w.lower().startswith("poison"):
         raise Bad("poison")
     return w if isinstance(w, str) else f"n{w}"
@@ -137,12 +143,13 @@ def _run(
     taken = 0
     real_take = count_path.CountPath.take
 
-    def take(self: count_path.CountPath, value: Any, ts: int, offset: int) -> bool:
+    def take(self: count_path.CountPath, value: Any, ts: int, offset: int) -> list[Any] | None:
         nonlocal taken
-        took = real_take(self, value, ts, offset)
-        taken += took
-        return took
+        left = real_take(self, value, ts, offset)
+        taken += left is None
+        return left
 
+    CALLS.clear()
     with mp.context() as m:
         m.setattr(count_path.CountPath, "take", take)
         if not counting:
@@ -168,6 +175,9 @@ def _run(
                     (r.queue_id, _canonical(r.body)) for r in driver.output_records(shuffle_topic)
                 ),
             }
+    # Mapped once per value on either path; the key function runs again for a record the
+    # count path hands on, and for the records of a batch sent one by one.
+    result["mangle calls"] = CALLS["mangle"]
     return result, taken
 
 

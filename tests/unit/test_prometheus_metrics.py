@@ -358,15 +358,7 @@ def test_query_restarts_are_counted_per_stage() -> None:
         inst.check_failed()
     inst._queries = [FakeQuery("stage-0", failed), FakeQuery("stage-1")]
     inst.check_failed()
-    url = inst.prometheus.serve("127.0.0.1", 0)
-    try:
-        samples, _ = _scrape(url)
-    finally:
-        inst.prometheus.close()
-    assert samples["stream_assets_query_restarts_total"] == {
-        _stage_labels(inst, 0, 0): 1.0,
-        _stage_labels(inst, 0, 1): 3.0,
-    }
+    assert _restarts(inst) == {_stage_labels(inst, 0, 0): 1.0, _stage_labels(inst, 0, 1): 3.0}
 
 
 def test_a_restart_of_the_one_query_counts_for_every_stage_it_runs() -> None:
@@ -374,15 +366,17 @@ def test_a_restart_of_the_one_query_counts_for_every_stage_it_runs() -> None:
     inst._start_query = lambda stages: FakeQuery("restarted")  # type: ignore[method-assign]
     inst._queries = [FakeQuery("stages-0-1", "Python worker failed to connect back.")]
     inst.check_failed()
+    assert _restarts(inst) == {_stage_labels(inst, 0, 0): 1.0, _stage_labels(inst, 0, 1): 1.0}
+
+
+def _restarts(inst: Instance) -> Any:
+    """The query restarts the instance's endpoint serves, by labels."""
     url = inst.prometheus.serve("127.0.0.1", 0)
     try:
         samples, _ = _scrape(url)
     finally:
         inst.prometheus.close()
-    assert samples["stream_assets_query_restarts_total"] == {
-        _stage_labels(inst, 0, 0): 1.0,
-        _stage_labels(inst, 0, 1): 1.0,
-    }
+    return samples["stream_assets_query_restarts_total"]
 
 
 def test_a_rebalance_in_place_starts_the_new_generations_series_and_drops_moved_gauges() -> None:
