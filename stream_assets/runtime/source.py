@@ -12,7 +12,7 @@ authority, so a queue can move to another instance.
 
 A row is a stage queue's ``[start, end)`` range, not a message: the engine's task
 pulls the messages itself, which saves two JVM round trips per record
-(docs/engine.md). Every assigned queue gets its row on a tick (option
+(docs/engine.md). Every assigned queue gets its row on a tick (a stage's
 ``tick_ms``) even with no new messages, so stateful stages can fire windows
 when input stops.
 
