@@ -174,6 +174,42 @@ class RStream:
         """Call fn(value) (or fn(value, Metadata)) for each value; values pass on unchanged."""
         return self._then(n.Foreach, "foreach", _callable(fn, "foreach"), metadata=metadata)
 
+    def map_batches(self, fn: Callable[[Any], Any]) -> RStream:
+        """Vectorised map: fn(values), a ``pyarrow.Array`` of a batch's values, returns an
+        array of the same length, one value for each (elementwise: see
+        :mod:`stream_assets.operators.batches`).
+
+        >>> import pyarrow.compute as pc
+        >>> from stream_assets.serde import text_deserializer
+        >>> b = StreamBuilder("shout")
+        >>> b.source("in", text_deserializer).map_batches(pc.utf8_upper).sink("out")
+        """
+        return self._then(n.MapBatches, "map_batches", _callable(fn, "map_batches"))
+
+    def flat_map_batches(self, fn: Callable[[Any], Any]) -> RStream:
+        """Vectorised flat_map: fn(values) returns a list array of the same length; each
+        value becomes the items of its list.
+
+        >>> from stream_assets.operators.batches import lower_words
+        >>> from stream_assets.serde import text_deserializer
+        >>> b = StreamBuilder("wc")
+        >>> (b.source("in", text_deserializer).flat_map_batches(lower_words)
+        ...   .key_by(str).count().to_rstream().sink("out"))
+        """
+        return self._then(n.FlatMapBatches, "flat_map_batches", _callable(fn, "flat_map_batches"))
+
+    def filter_batches(self, fn: Callable[[Any], Any]) -> RStream:
+        """Vectorised filter: keep the values where fn(values), a boolean array of the same
+        length, is true.
+
+        >>> import pyarrow.compute as pc
+        >>> from stream_assets.serde import text_deserializer
+        >>> b = StreamBuilder("long")
+        >>> (b.source("in", text_deserializer)
+        ...   .filter_batches(lambda v: pc.greater(pc.utf8_length(v), 3)).sink("out"))
+        """
+        return self._then(n.FilterBatches, "filter_batches", _callable(fn, "filter_batches"))
+
     def select_timestamp(self, fn: Callable[[Any], Any] | str) -> RStream:
         """Event time (epoch ms) from fn(value) or a field; default is the message born time."""
         extract = _key_selector(fn, "select_timestamp")

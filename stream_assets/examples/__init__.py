@@ -14,11 +14,13 @@ from stream_assets.examples import (
     windowed_sum,
     word_histogram,
     wordcount,
+    wordcount_arrow,
 )
 from stream_assets.plan.topology import Topology
 
 EXAMPLES: dict[str, Callable[[], Topology]] = {
     "wordcount": wordcount.build,
+    "wordcount-arrow": wordcount_arrow.build,
     "windowed-sum": windowed_sum.build,
     "seed-article": seed_article.build,
     "ad-join": ad_join.build,

@@ -73,6 +73,32 @@ class SelectTimestamp(UserFunction):
 
 
 @dataclass(frozen=True)
+class BatchFunction(Node):
+    """An operator around one vectorised user function: it takes a ``pyarrow.Array``
+    of values and answers for each of them, in order (it must be elementwise: a
+    value's answer may not depend on the other values of its batch)."""
+
+    fn: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class MapBatches(BatchFunction):
+    """values -> fn(values): an array of the same length, one value for each."""
+
+
+@dataclass(frozen=True)
+class FlatMapBatches(BatchFunction):
+    """values -> fn(values): a list array of the same length; each value becomes the
+    items of its list."""
+
+
+@dataclass(frozen=True)
+class FilterBatches(BatchFunction):
+    """Keep the values where fn(values), a boolean array of the same length, is true
+    (null drops the value)."""
+
+
+@dataclass(frozen=True)
 class Union(Node):
     """Every value of every input, unchanged."""
 

@@ -2,11 +2,12 @@
 
 An element is ``(value, ts)``. From the stage's head, elements flow along the
 plan's edges: a map turns each into one, a flat_map into many, a filter keeps
-some, a :class:`~stream_assets.plan.nodes.Split` sends each to one of its
-picks, a node with several children (a stream handle used twice) gives each
-child every element, and a union passes on whatever reaches it. Sinks and
-prints hand their elements to ``outputs``; a ``key_by`` is an *exit* of the
-stage, and :meth:`OperatorGraph.run` returns what reached each exit. The
+some (their batch forms, ``map_batches`` and the rest, run here on one value
+at a time), a :class:`~stream_assets.plan.nodes.Split` sends each to one of
+its picks, a node with several children (a stream handle used twice) gives
+each child every element, and a union passes on whatever reaches it. Sinks
+and prints hand their elements to ``outputs``; a ``key_by`` is an *exit* of
+the stage, and :meth:`OperatorGraph.run` returns what reached each exit. The
 position of an element among its input's elements at one exit is its
 sub-index (the third part of a record's origin).
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from stream_assets.operators.metadata import Metadata
 from stream_assets.plan import nodes as n
+from stream_assets.runtime.batch_functions import run_on_value
 
 Element = tuple[Any, int]
 #: Called for each terminal (sink/print) output: (node, value, ts).
@@ -138,6 +140,9 @@ class OperatorGraph:
                 out = elements
             elif isinstance(op, n.SelectTimestamp):
                 out = [(v, int(self._call(op, v, ts))) for v, ts in elements]
+            elif isinstance(op, n.BatchFunction):
+                # One value at a time: the batch path (batch_count_path) runs whole batches.
+                out = [(item, ts) for v, ts in elements for item in run_on_value(op, v)]
             elif isinstance(op, n.Union | n.Pick):
                 out = elements
             elif isinstance(op, n.Sink | n.Print):

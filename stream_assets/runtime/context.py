@@ -105,6 +105,8 @@ class TaskStats:
     queue_id: int = 0
     end_offset: int = 0
     records_in: int = 0
+    #: Of records_in: records a batch operator chain counted a whole batch at a time.
+    batched_in: int = 0
     outputs: int = 0
     shuffle_messages: int = 0
     shuffle_records: int = 0  # entries sent: records, or pre-combined partials

@@ -36,7 +36,7 @@ Example::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stream_assets.plan import nodes as n
@@ -46,6 +46,8 @@ from stream_assets.runtime.shuffle_out import ENTRY_OVERHEAD, ShuffleOut
 
 #: What a key string may take beyond its UTF-8 bytes in msgpack (a str 32 header).
 _STR_HEADER = 5
+#: What a per-record shuffle entry takes beyond its key's and value's UTF-8 bytes.
+ENTRY_ROOM = ENTRY_OVERHEAD + _STR_HEADER
 #: The most UTF-8 bytes one character takes.
 _UTF8_MAX = 4
 _INT64_MIN, _UINT64_END = -(1 << 63), 1 << 64
@@ -65,7 +67,7 @@ class CountPath:
         self._key_fn = key_fn
         self._shuffle = shuffle
         #: Most UTF-8 bytes of a key plus its value sure to fit one shuffle entry.
-        self._room = shuffle.entry_limit - ENTRY_OVERHEAD - _STR_HEADER
+        self._room = shuffle.entry_limit - ENTRY_ROOM
         #: str key -> occurrences in this batch; and the latest event time of each.
         self.counts: Counter[str] = Counter()
         self.latest: dict[str, int] = {}
@@ -73,20 +75,16 @@ class CountPath:
 
     @classmethod
     def of(cls, stage: Stage, shuffle: ShuffleOut) -> CountPath | None:
-        """The path for ``stage``'s batch, or None where the stage or batch has another shape.
-
-        The shape: one exit, whose batch is pre-combined into a count with no
-        window; between the source and that exit only maps, flat_maps and
-        filters, one after another, none of which asks for metadata.
-        """
-        # counts_only: the one exit feeds an aggregate (not a join) that only counts.
-        if len(stage.exits) != 1 or not shuffle.counts_only or not shuffle.combine:
+        """The path for ``stage``'s batch, or None where the stage or batch has another shape:
+        see :func:`counted_chain`; the chain's operators are maps, flat_maps and filters,
+        none of which asks for metadata."""
+        found = counted_chain(stage, shuffle)
+        if found is None:
             return None
-        exit_ = stage.exits[0]
-        if exit_.head.window is not None:  # counts per window, records may be late
+        key_by, nodes = found
+        if not all(isinstance(x, n.Map | n.FlatMap | n.Filter) and not x.metadata for x in nodes):
             return None
-        chain = _compile(stage, exit_.key_by.op_id)
-        return None if chain is None else cls(chain, exit_.key_by.fn, shuffle)
+        return cls(_compile(nodes), key_by.fn, shuffle)
 
     def take(self, value: Any, ts: int, offset: int) -> list[Any] | None:
         """Count the record of ``value`` (event time ``ts``) if it fits: None. Else the values
@@ -102,8 +100,8 @@ class CountPath:
             keys = list(map(key_fn, values))
         except Exception as exc:
             raise UserFunctionError(self._shuffle.exits[0].key_by.op_id, exc) from exc
-        key_width = _utf8_width(keys)
-        value_width = _utf8_width(values) if key_width else 0
+        key_width = utf8_width(keys)
+        value_width = utf8_width(values) if key_width else 0
         if not value_width:
             return values
         longest = max(map(len, keys)) + max(map(len, values))
@@ -123,26 +121,52 @@ class CountPath:
         return None
 
     def merge(self) -> None:
-        """Add the batch's counts to the shuffle's combined slots, routing each key once;
-        before :meth:`ShuffleOut.send_all`."""
-        shuffle = self._shuffle
-        route, combined, records = shuffle.router.route, shuffle.combined, shuffle.combined_records
-        latest = self.latest
-        for key, count in self.counts.items():
-            key_bytes, target = route(key)
-            slots = combined[target]
-            entry_key = (key_bytes, None, None)
-            slot = slots.get(entry_key)
-            if slot is None:
-                slots[entry_key] = [key, None, None, None, latest[key], count]
-            else:
-                slot[4] = max(slot[4], latest[key])
-                slot[5] += count
-            records[target] += count
+        """Add the batch's counts to the shuffle's combined slots; before
+        :meth:`ShuffleOut.send_all`."""
+        merge_counts(self._shuffle, self.counts, self.latest)
         self.counts.clear()
 
 
-def _utf8_width(items: list[Any]) -> int:
+def counted_chain(stage: Stage, shuffle: ShuffleOut) -> tuple[n.KeyBy, list[n.Node]] | None:
+    """The ``key_by`` of ``stage``'s one exit and the operators from its source to it, one
+    after another, if the exit's batch is pre-combined into a count with no window (so
+    no record can be late); else None."""
+    # counts_only: the one exit feeds an aggregate (not a join) that only counts.
+    if len(stage.exits) != 1 or not shuffle.counts_only or not shuffle.combine:
+        return None
+    exit_ = stage.exits[0]
+    if exit_.head.window is not None:
+        return None
+    nodes: list[n.Node] = []
+    at = stage.root
+    while True:
+        children = stage.children.get(at, ())
+        if len(children) != 1:
+            return None
+        at = children[0]
+        if at == exit_.key_by.op_id:
+            return exit_.key_by, nodes
+        nodes.append(stage.nodes[at])
+
+
+def merge_counts(shuffle: ShuffleOut, counts: Mapping[str, int], latest: Mapping[str, int]) -> None:
+    """Add ``counts`` (str key -> occurrences, ``latest`` its latest event time) to the
+    shuffle's combined slots, routing each key once."""
+    route, combined, records = shuffle.router.route, shuffle.combined, shuffle.combined_records
+    for key, count in counts.items():
+        key_bytes, target = route(key)
+        slots = combined[target]
+        entry_key = (key_bytes, None, None)
+        slot = slots.get(entry_key)
+        if slot is None:
+            slots[entry_key] = [key, None, None, None, latest[key], count]
+        else:
+            slot[4] = max(slot[4], latest[key])
+            slot[5] += count
+        records[target] += count
+
+
+def utf8_width(items: list[Any]) -> int:
     """Most UTF-8 bytes per character if every item is exactly a ``str`` that UTF-8 can
     encode (no lone surrogate), which msgpack then packs whatever it holds; else 0.
     In C but for the calls."""
@@ -158,22 +182,9 @@ def _utf8_width(items: list[Any]) -> int:
     return _UTF8_MAX
 
 
-def _compile(stage: Stage, exit_id: str) -> Chain | None:
-    """The stage's operators from its root to ``exit_id`` as one function of a value to
-    the list of values that reach the exit; None if they are not such a chain."""
-    steps: list[Callable[[list[Any]], list[Any]]] = []
-    at = stage.root
-    while True:
-        children = stage.children.get(at, ())
-        if len(children) != 1:
-            return None
-        at = children[0]
-        if at == exit_id:
-            break
-        node = stage.nodes[at]
-        if not isinstance(node, n.Map | n.FlatMap | n.Filter) or node.metadata:
-            return None
-        steps.append(_step(node))
+def _compile(nodes: list[n.Node]) -> Chain:
+    """``nodes`` as one function of a value to the list of values that reach the exit."""
+    steps = [_step(node) for node in nodes if isinstance(node, n.Map | n.FlatMap | n.Filter)]
 
     def chain(value: Any) -> list[Any]:
         values = [value]

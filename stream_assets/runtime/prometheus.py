@@ -85,6 +85,11 @@ COUNTERS: tuple[CounterSpec, ...] = (
         "stands for).",
     ),
     CounterSpec(
+        "batched_in",
+        "stream_assets_records_batched",
+        "Of the records read, those counted a whole batch at a time (batch operators).",
+    ),
+    CounterSpec(
         "outputs", "stream_assets_records_out", "Records written to sinks or printed by the stage."
     ),
     CounterSpec(

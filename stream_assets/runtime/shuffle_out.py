@@ -39,7 +39,7 @@ Example::
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
@@ -106,8 +106,10 @@ class ShuffleOut:
         self.combined_records: Counter[int] = Counter()
         #: Combining: the accepted records, (keyed, offset), unpacked into
         #: ``per_record`` only for the queues whose batch goes per record; a
-        #: record the count path took is kept unkeyed, (values, ts).
+        #: record the count path took is kept unkeyed, (values, ts); the records
+        #: of a batch the batch count path took are made only when needed.
         self._accepted: list[tuple[list[Keyed] | tuple[list[Any], int], int]] = []
+        self._taken_later: list[Callable[[], Iterable[tuple[list[Any], int, int]]]] = []
         #: Builds the accumulator from a slot's count when the aggregate only
         #: counts (see _counter_of); None: fold through the accumulator.
         self._count_acc = _counter_of(self.agg.accumulator) if self.agg is not None else None
@@ -131,6 +133,16 @@ class ShuffleOut:
         if self.progress is None or ts > self.progress:
             self.progress = ts
         self._accepted.append(((values, ts), offset))
+
+    def took_all(
+        self, progress: int, records: Callable[[], Iterable[tuple[list[Any], int, int]]]
+    ) -> None:
+        """A batch the batch count path (:mod:`~stream_assets.runtime.batch_count_path`)
+        counted: its progress, and how to make each record's ``(values, ts, offset)`` in
+        order, in case its queue's batch goes per record."""
+        if self.progress is None or progress > self.progress:
+            self.progress = progress
+        self._taken_later.append(records)
 
     def key(
         self, exit_index: int, elements: list[Element], offset: int, first_sub: int = 0
@@ -274,7 +286,10 @@ class ShuffleOut:
         if all((topic, t) in sent for t in self.combined_records):
             return
         rows = self.per_record
-        for accepted, offset in self._accepted:
+        taken = [
+            ((values, ts), offset) for later in self._taken_later for values, ts, offset in later()
+        ]
+        for accepted, offset in [*taken, *self._accepted]:
             if isinstance(accepted, tuple):  # the count path's: keyed again, as then
                 values, ts = accepted
                 accepted = self.key(0, [(v, ts) for v in values], offset)

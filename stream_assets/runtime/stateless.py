@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from stream_assets.operators.metadata import Metadata
 from stream_assets.plan.topology import Stage, origin_id
 from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.batch_count_path import BatchCountPath
 from stream_assets.runtime.chain import OperatorGraph, UserFunctionError
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.count_path import CountPath
@@ -62,11 +63,19 @@ def run_source_batch(
         origin_id(stage.index, queue_id),
         combine=ctx.may_combine(queue_id, start),
     )
-    # A straight chain into a count: most records take the specialised path.
+    # A straight chain into a count: most records take the specialised path; a chain
+    # of batch operators, the whole batch at once.
     counting = CountPath.of(stage, shuffle)
+    whole = BatchCountPath.of(stage, shuffle)
     exits = range(len(stage.exits))
     last_offset = start - 1
     outputs.route_key = f"{stage.input_topic}/{queue_id}"
+    if whole is not None:
+        records = list(records)
+        if whole.count(records):
+            stats.records_in = stats.batched_in = len(records)
+            last_offset = records[-1].queue_offset if records else last_offset
+            records = []
 
     for record in records:
         stats.records_in += 1

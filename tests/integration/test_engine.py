@@ -33,7 +33,7 @@ import pytest
 
 from stream_assets.broker.local import LocalBroker
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples import windowed_sum, wordcount
+from stream_assets.examples import windowed_sum, wordcount, wordcount_arrow
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.runtime.shuffle_codec import encode_key
@@ -143,6 +143,47 @@ def test_wordcount_200k_lines_equals_counter(
     # A fresh group planned no batch before, so its backlog is pre-combined:
     # far fewer shuffle entries than words.
     assert 0 < s0["shuffle_records"] < words / 4
+
+
+def test_vectorised_wordcount_equals_counter_and_a_bad_body_fails_alone(
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """The Arrow WordCount (batch operators, counted a batch at a time) on the real engine:
+    exact counts of mixed-case text, and a body that is not UTF-8 -- which sends its
+    whole batch the general way -- is the only dead letter."""
+    job = unique("it-wca")
+    source, sink = f"{job}-src", f"{job}-out"
+    admin.create_topic(source, 4)
+    vocab = [w.capitalize() if i % 3 == 0 else w for i, w in enumerate(_vocabulary(500))]
+    lines = _lines(seed=20261126, count=40_000, vocab=[*vocab, "Café", "ÉTÉ"])
+    bad = [b"caf\xe9 " + str(i).encode() for i in range(3)]  # Latin-1, not UTF-8
+    messages = _line_messages(lines, WC_LINES_PER_MESSAGE, "v")
+    for i, body in enumerate(bad):
+        messages.insert(len(messages) * (i + 1) // 4, Message(body, key=f"bad-{i}"))
+    produce(client_settings, source, messages, threads=4)
+
+    topology = wordcount_arrow.build(job, source, sink)
+    inst = engine.start(engine.instance(topology, tmp_path / "state"))
+    started = time.monotonic()
+    inst.await_caught_up(CATCH_UP_S)
+    process_s = time.monotonic() - started
+    batched = inst.metrics[0].totals["batched_in"]
+    report(
+        f"vectorised wordcount: {len(lines)} lines in {process_s:.1f}s; "
+        f"{batched:.0f} of {len(messages)} messages counted a batch at a time"
+    )
+    assert 0 < batched < len(messages) - len(bad)  # the bad bodies' batches went one by one
+    reference = collections.Counter(w for line in lines for w in line.lower().split())
+    assert final_counts(read_topic(admin, sink)) == dict(reference)
+    dead = read_topic(admin, topology.dead_letter_topic)
+    assert sorted(r.body for r in dead) == sorted(bad)
+    source_node = topology.stages[0].source
+    assert source_node is not None
+    assert {r.properties["operator"] for r in dead} == {source_node.op_id}
 
 
 # -- windows: shared pieces --------------------------------------------------------

@@ -44,6 +44,7 @@ STAGE_LABELS = {"topology", "instance", "generation", "stage"}
 #: Counter name (as served, with _total) -> the TaskStats field it sums.
 COUNTER_FIELDS = {
     "stream_assets_records_in_total": "records_in",
+    "stream_assets_records_batched_total": "batched_in",
     "stream_assets_records_out_total": "outputs",
     "stream_assets_dead_letters_total": "dead_letters",
     "stream_assets_late_records_total": "late",
