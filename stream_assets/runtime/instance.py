@@ -43,6 +43,8 @@ from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundE
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.provision import provision_topics
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.runtime.class_archive import archive_path as class_archive_path
+from stream_assets.runtime.class_archive import with_archive
 from stream_assets.runtime.context import STATS_DDL, StageContext
 from stream_assets.runtime.outage import TRANSIENT, ride_out_outage
 from stream_assets.runtime.prometheus import MetricsEndpointError, PrometheusExporter, endpoint_port
@@ -224,6 +226,8 @@ class Instance:
                 **self.engine.spark_conf,
             }
         )
+        if self.engine.jvm_class_archive:
+            conf = with_archive(conf, class_archive_path())
         spark = SparkSession.getActiveSession()
         if spark is None:
             builder = SparkSession.builder
