@@ -1,6 +1,6 @@
 """A class-data archive for the Spark driver JVM (AppCDS): the JVM starts in ~2 s less.
 
-A fresh Spark driver JVM loads and verifies some 15 000 classes before its
+A fresh Spark driver JVM loads and verifies some 18 000 classes before its
 first job: on the 2-core machine, ~5.3 s to a SparkSession and ~2.5 s more for
 a first job. The JVM can map the classes of an earlier run from an archive
 (HotSpot's dynamic class-data sharing, ``-XX:SharedArchiveFile``): 3.4 s and
