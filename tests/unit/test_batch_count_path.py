@@ -29,9 +29,9 @@ from stream_assets.operators.batches import lower_words, split_words
 from stream_assets.plan.nodes import MapBatches
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime import batch_count_path
-from stream_assets.runtime.shuffle_codec import decode
 from stream_assets.serde import text_deserializer
 from stream_assets.testing import TopologyTestDriver
+from tests.unit._count_runs import final_counts, run_lines
 
 MAX_MESSAGE = 4096
 HUGE = 5000  # characters: over any shuffle entry of MAX_MESSAGE
@@ -154,43 +154,8 @@ def _run(
             m.setattr(
                 batch_count_path.BatchCountPath, "of", classmethod(lambda cls, stage, out: None)
             )
-        with TopologyTestDriver(
-            topology,
-            source_queues=2,
-            shuffle_queues=3,
-            max_records_per_batch=batch,
-            max_message_size=MAX_MESSAGE,
-        ) as driver:
-            for i, line in enumerate(lines):
-                driver.pipe(line, event_time=1_000 + (i * 37) % 500, queue=i % 2)
-            driver.advance()
-            shuffle_topic = topology.stages[1].input_topic
-            result = {
-                "outputs": _final(driver.outputs()),
-                "dead": sorted(
-                    (body, props["operator"], props["reason"])
-                    for body, props in driver.dead_letters()
-                ),
-                "shuffle": sorted(
-                    (r.queue_id, _canonical(r.body)) for r in driver.output_records(shuffle_topic)
-                ),
-            }
+        result = run_lines(topology, lines, batch, MAX_MESSAGE)
     return result, counted
-
-
-def _canonical(body: bytes) -> str:
-    """A shuffle message as text, a combined one's entries sorted (their order is free)."""
-    message = decode(body)
-    if "comb" in message:
-        message["comb"] = sorted(message["comb"], key=repr)
-    return repr(sorted(message.items()))
-
-
-def _final(outputs: list[dict[str, Any]]) -> dict[Any, int]:
-    last: dict[Any, int] = {}
-    for out in outputs:
-        last[out["key"]] = out["n"]
-    return last
 
 
 def _lines(rnd: random.Random, count: int, rare: float = 0.03) -> list[str]:
@@ -252,7 +217,7 @@ def test_a_failing_value_fails_its_record_alone_whatever_its_batch() -> None:
             dead = [(body, props["operator"]) for body, props in driver.dead_letters()]
             [op_id] = [k for k, x in topology.stages[0].nodes.items() if isinstance(x, MapBatches)]
             assert dead == [(b"c boom", op_id)]
-            assert _final(driver.outputs()) == {"a": 2, "b": 1}
+            assert final_counts(driver.outputs()) == {"a": 2, "b": 1}
 
 
 def test_a_batch_too_big_to_combine_goes_per_record_from_the_counted_values(
@@ -282,7 +247,7 @@ def test_a_batch_answer_of_the_wrong_shape_goes_value_by_value_and_is_named() ->
         driver.pipe("b", event_time=2)
         driver.advance()
         assert driver.dead_letters() == []
-        assert _final(driver.outputs()) == {"a": 1, "b": 1}
+        assert final_counts(driver.outputs()) == {"a": 1, "b": 1}
     b = StreamBuilder("shape2")
     b.source("in", text_deserializer).flat_map_batches(pc.utf8_upper).key_by(_key).count(
         "n"

@@ -23,9 +23,8 @@ import pytest
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime import count_path
-from stream_assets.runtime.shuffle_codec import decode
 from stream_assets.serde import text_deserializer
-from stream_assets.testing import TopologyTestDriver
+from tests.unit._count_runs import run_lines
 
 MAX_MESSAGE = 4096
 HUGE = 5000  # characters: over any shuffle entry of MAX_MESSAGE
@@ -154,46 +153,11 @@ def _run(
         m.setattr(count_path.CountPath, "take", take)
         if not counting:
             m.setattr(count_path.CountPath, "of", classmethod(lambda cls, stage, shuffle: None))
-        with TopologyTestDriver(
-            topology,
-            source_queues=2,
-            shuffle_queues=3,
-            max_records_per_batch=batch,
-            max_message_size=MAX_MESSAGE,
-        ) as driver:
-            for i, line in enumerate(lines):
-                driver.pipe(line, event_time=1_000 + (i * 37) % 500, queue=i % 2)
-            driver.advance()
-            shuffle_topic = topology.stages[1].input_topic
-            result = {
-                "outputs": _final(driver.outputs()),
-                "dead": sorted(
-                    (body, props["operator"], props["reason"])
-                    for body, props in driver.dead_letters()
-                ),
-                "shuffle": sorted(
-                    (r.queue_id, _canonical(r.body)) for r in driver.output_records(shuffle_topic)
-                ),
-            }
+        result = run_lines(topology, lines, batch, MAX_MESSAGE)
     # Mapped once per value on either path; the key function runs again for a record the
     # count path hands on, and for the records of a batch sent one by one.
     result["mangle calls"] = CALLS["mangle"]
     return result, taken
-
-
-def _canonical(body: bytes) -> str:
-    """A shuffle message as text, a combined one's entries sorted (their order is free)."""
-    message = decode(body)
-    if "comb" in message:
-        message["comb"] = sorted(message["comb"], key=repr)
-    return repr(sorted(message.items()))
-
-
-def _final(outputs: list[dict[str, Any]]) -> dict[Any, int]:
-    last: dict[Any, int] = {}
-    for out in outputs:
-        last[out["key"]] = out["n"]
-    return last
 
 
 @pytest.mark.parametrize("seed", range(12))
