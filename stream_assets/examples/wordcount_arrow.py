@@ -4,11 +4,13 @@ The same counts as :mod:`~stream_assets.examples.wordcount` on ordinary text
 (Arrow splits on Unicode white space, see :mod:`stream_assets.operators.batches`);
 the engine counts a whole batch at once
 (:mod:`~stream_assets.runtime.batch_count_path`), calling the key function
-once per distinct word, not once per word::
+once per distinct word, not once per word. Its topics are its own: a
+source topic read by two topologies would put both in a group of shared
+topics in Dagster's lineage::
 
     >>> t = build()
     >>> t.source_topic, t.sink_topics
-    ('sourceTopic', ('wordcount-arrow-out',))
+    ('wordcount-arrow-in', ('wordcount-arrow-out',))
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from stream_assets.serde import text_deserializer
 
 
 def build(
-    job_id: str = "wordcount-arrow", source: str = "sourceTopic", sink: str = "wordcount-arrow-out"
+    job_id: str = "wordcount-arrow",
+    source: str = "wordcount-arrow-in",
+    sink: str = "wordcount-arrow-out",
 ) -> Topology:
     """The vectorised WordCount topology."""
     builder = StreamBuilder(job_id)
