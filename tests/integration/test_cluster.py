@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from stream_assets.examples import ad_join, word_histogram, wordcount
+from stream_assets.examples import ad_join, word_histogram, wordcount, wordcount_arrow
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
@@ -153,13 +153,15 @@ def _messages(lines: list[str], tag: str) -> list[Message]:
     ]
 
 
-def test_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly(
+def test_vectorised_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly(
     spark_cluster: SparkCluster,  # noqa: F811
     admin: RocketMQAdmin,
     client_settings: RocketMQSettings,
     tmp_path: Path,
     report: Any,
 ) -> None:
+    """The vectorised WordCount (batch operators, counted a batch at a time): the per-record
+    one runs on this cluster in the next test, and in the production-shaped one."""
     job = unique("it-cwc")
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 4)
@@ -169,7 +171,7 @@ def test_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly
     spec = _spec(
         spark_cluster,
         settings,
-        "stream_assets.examples.wordcount:build",
+        "stream_assets.examples.wordcount_arrow:build",
         {"job_id": job, "source": source, "sink": sink},
     )
     with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
@@ -195,9 +197,14 @@ def test_wordcount_on_two_workers_with_a_worker_killed_mid_stream_counts_exactly
     # Every task used the driver's settings (the executors' environment is wrong).
     for stage in ("0", "1"):
         assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
-    (state_topic,) = wordcount.build(job, source, sink).state_topics
+    # Every batch, the re-run ones too, went the batch way: plain words, and a new
+    # group pre-combines from its first offset.
+    stage0 = metrics["0"]["totals"]
+    assert stage0["batched_in"] == stage0["records_in"] > 0
+    (state_topic,) = wordcount_arrow.build(job, source, sink).state_topics
     voids = _assert_one_history_per_queue(admin, state_topic)
-    _report_state_costs(report, "wordcount, worker 0 killed mid-stream", metrics["1"], voids)
+    what = "vectorised wordcount, worker 0 killed mid-stream"
+    _report_state_costs(report, what, metrics["1"], voids)
 
 
 def test_wordcount_on_two_workers_restarts_a_query_whose_runner_connected_back_late(
