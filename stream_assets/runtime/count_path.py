@@ -82,9 +82,10 @@ class CountPath:
         if found is None:
             return None
         key_by, nodes = found
-        if not all(isinstance(x, n.Map | n.FlatMap | n.Filter) and not x.metadata for x in nodes):
+        ops = [x for x in nodes if isinstance(x, n.Map | n.FlatMap | n.Filter) and not x.metadata]
+        if len(ops) != len(nodes):
             return None
-        return cls(_compile(nodes), key_by.fn, shuffle)
+        return cls(_compile(ops), key_by.fn, shuffle)
 
     def take(self, value: Any, ts: int, offset: int) -> list[Any] | None:
         """Count the record of ``value`` (event time ``ts``) if it fits: None. Else the values
@@ -182,9 +183,9 @@ def utf8_width(items: list[Any]) -> int:
     return _UTF8_MAX
 
 
-def _compile(nodes: list[n.Node]) -> Chain:
-    """``nodes`` as one function of a value to the list of values that reach the exit."""
-    steps = [_step(node) for node in nodes if isinstance(node, n.Map | n.FlatMap | n.Filter)]
+def _compile(ops: list[n.Map | n.FlatMap | n.Filter]) -> Chain:
+    """``ops`` as one function of a value to the list of values that reach the exit."""
+    steps = [_step(op) for op in ops]
 
     def chain(value: Any) -> list[Any]:
         values = [value]

@@ -9,17 +9,20 @@ from stream_assets.plan.topology import Topology
 from stream_assets.runtime.shuffle_codec import decode
 from stream_assets.testing import TopologyTestDriver
 
+#: The broker's message limit in these runs: small, so big values and batches meet it.
+MAX_MESSAGE = 4096
+#: Characters of a value over any shuffle entry under MAX_MESSAGE.
+HUGE = 5000
 
-def run_lines(
-    topology: Topology, lines: list[str], batch: int | None, max_message: int
-) -> dict[str, Any]:
+
+def run_lines(topology: Topology, lines: list[str], batch: int | None) -> dict[str, Any]:
     """Pipe ``lines`` over 2 source queues (3 shuffle queues, batches of ``batch``)."""
     with TopologyTestDriver(
         topology,
         source_queues=2,
         shuffle_queues=3,
         max_records_per_batch=batch,
-        max_message_size=max_message,
+        max_message_size=MAX_MESSAGE,
     ) as driver:
         for i, line in enumerate(lines):
             driver.pipe(line, event_time=1_000 + (i * 37) % 500, queue=i % 2)

@@ -31,10 +31,8 @@ from stream_assets.plan.topology import Topology
 from stream_assets.runtime import batch_count_path
 from stream_assets.serde import text_deserializer
 from stream_assets.testing import TopologyTestDriver
-from tests.unit._count_runs import final_counts, run_lines
+from tests.unit._count_runs import HUGE, final_counts, run_lines
 
-MAX_MESSAGE = 4096
-HUGE = 5000  # characters: over any shuffle entry of MAX_MESSAGE
 VOCAB = [
     *(f"w{i}" for i in range(30)),
     *(f"Rare{i}" for i in range(2000)),  # many keys: some combined messages get too big
@@ -154,7 +152,7 @@ def _run(
             m.setattr(
                 batch_count_path.BatchCountPath, "of", classmethod(lambda cls, stage, out: None)
             )
-        result = run_lines(topology, lines, batch, MAX_MESSAGE)
+        result = run_lines(topology, lines, batch)
     return result, counted
 
 

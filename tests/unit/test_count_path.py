@@ -24,10 +24,8 @@ from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime import count_path
 from stream_assets.serde import text_deserializer
-from tests.unit._count_runs import run_lines
+from tests.unit._count_runs import HUGE, run_lines
 
-MAX_MESSAGE = 4096
-HUGE = 5000  # characters: over any shuffle entry of MAX_MESSAGE
 VOCAB = [
     *(f"w{i}" for i in range(30)),
     *(f"rare{i}" for i in range(2000)),  # many keys: some combined messages get too big
@@ -153,7 +151,7 @@ def _run(
         m.setattr(count_path.CountPath, "take", take)
         if not counting:
             m.setattr(count_path.CountPath, "of", classmethod(lambda cls, stage, shuffle: None))
-        result = run_lines(topology, lines, batch, MAX_MESSAGE)
+        result = run_lines(topology, lines, batch)
     # Mapped once per value on either path; the key function runs again for a record the
     # count path hands on, and for the records of a batch sent one by one.
     result["mangle calls"] = CALLS["mangle"]
