@@ -622,13 +622,21 @@ class GroupedStream:
         ttl: float | None = None,
         idle_timeout: float | None = None,
         late_records_to: str | None = None,
+        fire_timers_when_idle: bool = True,
     ) -> RStream:
         """The user's own stateful logic per key: state, timers, emit (see
         :mod:`stream_assets.operators.processor`).
 
         ``water_mark``: allowed lateness in seconds (event-time timers fire once
         the watermark passes them; records behind it are late). ``ttl``: forget
-        a key's state that many seconds of event time after its latest record.
+        a key's state that many seconds of event time after the latest of its
+        records and of the event-time timers it set (so a timer always sees its
+        key's state). ``idle_timeout``: a source queue whose end offset has not
+        moved for this long (and that was read to its end) leaves the watermark's
+        minimum; when every source queue is idle, every pending event-time timer
+        fires, as open windows do, and a later record behind the latest timer
+        fired is late (``fire_timers_when_idle=False``: timers wait for the
+        watermark instead).
 
         >>> from stream_assets.operators.processor import Processor
         >>> from stream_assets.serde import json_deserializer
@@ -671,6 +679,7 @@ class GroupedStream:
             processor,
             inputs=(key_by,),
             ttl_ms=o.ttl_ms,
+            fire_timers_when_idle=fire_timers_when_idle,
         )
         return RStream(b, b._add(node))
 
@@ -692,6 +701,7 @@ class AggregatedStream:
         self._parts = parts
         self._options = _Options()
         self._emit_every_ms: int | None = None
+        self._tombstones = True
         self._done: RStream | None = None
 
     def _more(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
@@ -744,9 +754,14 @@ class AggregatedStream:
         self._options.late_records_to(topic)
         return self
 
-    def ttl(self, seconds: float) -> AggregatedStream:
+    def ttl(self, seconds: float, *, tombstones: bool = True) -> AggregatedStream:
         """Forget a key's aggregate ``seconds`` of event time after its latest record
         (unwindowed only: windows end by the watermark). A key seen again starts over.
+
+        A key that expires emits a deletion, ``{"key": ..., "expired": true}`` under
+        the key's next version, to every sink after the aggregate (past the stage's
+        own functions), so a consumer that keeps the highest version forgets the
+        key too; ``tombstones=False`` forgets it silently.
 
         >>> from stream_assets.serde import json_deserializer
         >>> b = StreamBuilder("t")
@@ -760,6 +775,7 @@ class AggregatedStream:
                 "ttl is for unwindowed aggregates"
             )
         self._options.ttl(seconds)
+        self._tombstones = tombstones
         return self
 
     def emit_early(self, every: float = 0) -> AggregatedStream:
@@ -809,6 +825,7 @@ class AggregatedStream:
                 inputs=(key_by,),
                 ttl_ms=o.ttl_ms,
                 emit_every_ms=self._emit_every_ms,
+                expiry_tombstones=self._tombstones,
             )
             self._done = RStream(self._b, self._b._add(node))
         return self._done

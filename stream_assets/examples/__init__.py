@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stream_assets.examples import (
+    activity_sessions,
     ad_join,
     dedup,
     order_branch,
@@ -28,5 +29,6 @@ EXAMPLES: dict[str, Callable[[], Topology]] = {
     "word-histogram": word_histogram.build,
     "dedup": dedup.build,
     "silence-alert": silence_alert.build,
+    "activity-sessions": activity_sessions.build,
     "top-words": top_words.build,
 }

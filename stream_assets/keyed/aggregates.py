@@ -18,7 +18,14 @@ from typing import Any
 
 from stream_assets.keyed.batch_state import BatchState
 from stream_assets.keyed.logic import KeyedBatch, KeyedLogic
-from stream_assets.keyed.results import Finish, Joined, Result, result_key, versioned
+from stream_assets.keyed.results import (
+    Expired,
+    Finish,
+    Joined,
+    Result,
+    result_key,
+    versioned,
+)
 from stream_assets.operators.joins import join_pairs
 from stream_assets.plan import nodes as n
 from stream_assets.runtime.shuffle_codec import decode_key, encode_key
@@ -29,7 +36,8 @@ from stream_assets.windows import Window, merge_sessions, window_closed
 
 
 class PlainAggregate(KeyedLogic):
-    """An unwindowed aggregate: every key changed in a batch emits its new value."""
+    """An unwindowed aggregate: every key changed in a batch emits its new value, and
+    a key whose TTL expired emits a deletion (unless the TTL's tombstones are off)."""
 
     fires_by_time = False
 
@@ -38,6 +46,8 @@ class PlainAggregate(KeyedLogic):
         self.acc_def = head.accumulator
         #: key -> max event time folded this batch (a logic lives for one batch).
         self._changed: dict[bytes, int] = {}
+        #: key -> when it expired this batch (and was not folded into again since).
+        self._expired: dict[bytes, int] = {}
 
     def fold(
         self,
@@ -54,21 +64,33 @@ class PlainAggregate(KeyedLogic):
         skey = lay.PLAIN + key_bytes
         _fold_acc(batch.state, self.acc_def, skey, partial, value)
         self._changed[key_bytes] = max(self._changed.get(key_bytes, ts), ts)
+        self._expired.pop(key_bytes, None)  # started over: its update replaces the deletion
 
     def fire(self, batch: KeyedBatch, fire_to: int | None, fire_all: bool) -> int | None:
-        """The new value of every key this batch changed, versioned by the commit's seq."""
+        """Nothing fires by time: updates wait for expiry (:meth:`after_expiry`)."""
+        return None
+
+    def after_expiry(self, batch: KeyedBatch) -> None:
+        """The new value of every key this batch changed, then a deletion of every key
+        that expired and stayed gone, each versioned by the commit's seq (one result
+        per key and batch, so an update and a deletion never share a version)."""
         for key_bytes, ts in sorted(self._changed.items()):
             acc = batch.state.get(lay.PLAIN + key_bytes)
-            if acc is None:  # expired in this very batch
+            if acc is None:  # expired after its update, in this very batch: deleted below
                 continue
             key = decode_key(key_bytes)
             finish = Finish(self.head, key, acc, None)
             batch.results.append((versioned(key, batch.seq), finish, ts, key))
-        return None
+        if not self.head.expiry_tombstones:
+            return
+        for key_bytes, at in sorted(self._expired.items()):
+            key = decode_key(key_bytes)
+            batch.results.append((versioned(key, batch.seq), Expired(key), at, key))
 
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
-        """Drop the key's accumulator."""
-        state.put(lay.PLAIN + key_bytes, None)
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
+        """Drop the key's accumulator; its deletion is emitted after expiry."""
+        batch.state.put(lay.PLAIN + key_bytes, None)
+        self._expired[key_bytes] = expired_at
 
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:
         """The key's result (a dict by alias) or None."""
@@ -130,7 +152,7 @@ class WindowedAggregate(KeyedLogic):
     ) -> None:
         batch.results.extend(window_results(self.head, batch.seq, key_bytes, window, acc, final))
 
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
         """Windows are bounded by the watermark; TTL does not apply."""
 
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:
@@ -238,7 +260,7 @@ class SessionAggregate(KeyedLogic):
                 )
         return fired_end
 
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
         """Sessions are bounded by the watermark; TTL does not apply."""
 
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:

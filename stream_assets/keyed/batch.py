@@ -23,7 +23,9 @@ proven current against the state topic. What differs per head is a
    Origins the caller reports idle (judged by broker offsets, never by the
    time between batches) leave the watermark's minimum; when every origin is
    idle, all open windows fire.
-4. Expire keys whose TTL the watermark passed.
+4. Expire keys whose TTL the watermark passed (after their due timers fired:
+   :mod:`~stream_assets.keyed.ttl`), then emit the updates of unwindowed keys
+   and the deletions of expired ones.
 5. Emit results at least once (:mod:`~stream_assets.keyed.emit`); a result the
    broker would refuse or a late record that cannot be sent is a dead letter
    of its own, never the batch's failure.
@@ -137,8 +139,6 @@ class _QueueBatch:
             meta_extra=meta.extra,
             watermark=self.wm_start,
         )
-        #: key -> latest event time folded this batch (TTL).
-        self.touched: dict[bytes, int] = {}
         self.got_input = False
 
     def _fail(self, exc: BaseException, value: Any, position: str) -> None:
@@ -249,19 +249,21 @@ class _QueueBatch:
             self.stats.late += count
             self.batch.late.append((key, value, window.end, origin))
             return
+        # Event-time order: the key's due timers, then its expiry, then the record.
+        self.logic.before_record(self.batch, key_bytes, ts)
         if self.head.ttl_ms is not None and self.logic.touches(value):
             self._touch(key_bytes, ts, self.head.ttl_ms)
         self.logic.fold(self.batch, key, key_bytes, window, partial, value, ts, origin)
 
     def _touch(self, key_bytes: bytes, ts: int, ttl_ms: int) -> None:
         """A record at ``ts``: forget the key first if its TTL ran out before it."""
-        latest = self.touched.get(key_bytes)
-        stored = self.batch.state.get(lay.EXPIRES + key_bytes)
+        latest = self.batch.touched.get(key_bytes)
+        stored = ttl.expires_at(self.batch.state, key_bytes)
         expires = later(stored, None if latest is None else latest + ttl_ms)
         if expires is not None and ts >= expires and self.logic.forgets_before_record:
-            ttl.forget_key(self.batch.state, self.logic, key_bytes)
-            latest = None
-        self.touched[key_bytes] = ts if latest is None else max(latest, ts)
+            ttl.forget_key(self.batch, self.logic, key_bytes, expires)
+            self.batch.touched.pop(key_bytes, None)
+        self.batch.keep_alive(key_bytes, ts)
 
     def finish(self, end: int, idle: frozenset[int]) -> None:
         """Fire, expire, emit and commit."""
@@ -277,6 +279,7 @@ class _QueueBatch:
             # What fired by idleness stays closed: later records for it are late.
             self.closed_floor = later(self.closed_floor, fired_end)
         self._expire(fire_to)
+        self.logic.after_expiry(batch)
         outbox = emit.emit(
             ctx,
             self.queue_id,
@@ -308,9 +311,9 @@ class _QueueBatch:
         ttl_ms = self.head.ttl_ms
         if ttl_ms is None:
             return
-        for key_bytes, ts in sorted(self.touched.items()):
+        for key_bytes, ts in sorted(self.batch.touched.items()):
             ttl.touch(self.batch.state, key_bytes, ts + ttl_ms)
-        self.stats.expired = ttl.expire(self.batch.state, self.logic, watermark)
+        self.stats.expired = ttl.expire(self.batch, self.logic, watermark)
 
     def _commit(self, end: int, watermark: int | None) -> None:
         """Commit values, origins, offset, watermark and owner, if anything changed."""

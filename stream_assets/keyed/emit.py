@@ -20,12 +20,12 @@ import json
 from typing import Any
 
 from stream_assets.keyed.logic import Late
-from stream_assets.keyed.results import Result, computed, result_key, shown_result
+from stream_assets.keyed.results import Expired, Result, computed, result_key, shown_result
 from stream_assets.operators.metadata import Metadata
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import origin_id
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.chain import UserFunctionError
+from stream_assets.runtime.chain import OperatorGraph, UserFunctionError
 from stream_assets.runtime.context import StageContext, TaskStats
 from stream_assets.runtime.outputs import StageOutputs, dead_letter, message_key
 from stream_assets.runtime.ports import Sender
@@ -149,6 +149,9 @@ def emit(
     for origin, value, ts, key in results:
         outputs.origin = origin
         outputs.route_key = result_key(key)
+        if isinstance(value, Expired):
+            _send_deletion(ctx, sender, stats, graph, outputs, value, ts)
+            continue
         try:
             value = computed(head, value)
             meta = (
@@ -170,15 +173,48 @@ def emit(
             position = "/".join(origin)
             dead_letter_value(ctx, sender, stats, None, err.op_id, err.cause, shown, position)
     if head.late_topic:
-        for key, value, window_end, where in late:
-            try:
-                _send_late(ctx, sender, head.late_topic, key, value, window_end, where)
-            except Exception as exc:  # e.g. a body over the broker's limit
-                shown = {"key": key, "value": value, "window_end": window_end}
-                position = f"late/{where}/{window_end}/{result_key(key)}"
-                dead_letter_value(ctx, sender, stats, None, head.op_id, exc, shown, position)
+        _send_late_records(ctx, sender, stats, head, head.late_topic, late)
     outputs.flush()
     return outbox
+
+
+def _send_late_records(
+    ctx: StageContext,
+    sender: Sender,
+    stats: TaskStats,
+    head: n.Stateful,
+    topic: str,
+    late: list[Late],
+) -> None:
+    """Send the batch's late records to ``topic``; one the broker would refuse is a
+    dead letter of its own."""
+    for key, value, window_end, where in late:
+        try:
+            _send_late(ctx, sender, topic, key, value, window_end, where)
+        except Exception as exc:  # e.g. a body over the broker's limit
+            shown = {"key": key, "value": value, "window_end": window_end}
+            position = f"late/{where}/{window_end}/{result_key(key)}"
+            dead_letter_value(ctx, sender, stats, None, head.op_id, exc, shown, position)
+
+
+def _send_deletion(
+    ctx: StageContext,
+    sender: Sender,
+    stats: TaskStats,
+    graph: OperatorGraph,
+    outputs: StageOutputs,
+    expired: Expired,
+    ts: int,
+) -> None:
+    """Send a key's deletion to every sink and print the aggregate's results reach in
+    this stage, past the user's functions; one the broker refuses is a dead letter."""
+    value = expired.value()
+    for node in graph.terminals():
+        try:
+            outputs.emit(node, value, ts)
+        except Exception as exc:  # e.g. a sink serializer or key= that cannot take it
+            position = "/".join(outputs.origin)
+            dead_letter_value(ctx, sender, stats, None, node.op_id, exc, value, position)
 
 
 def _send_late(

@@ -7,6 +7,14 @@ processing-time timers) made due, expire keys past their TTL, emit, commit.
 What differs per head is how a record folds, what fires, what a key's state
 is and how a query reads it: that is a :class:`KeyedLogic`.
 
+Event-time order within a key, whatever the batches: a key's timers due at or
+before a record fire first (:meth:`KeyedLogic.before_record`), then the key's
+TTL is checked (a record at or after its expiry finds the key forgotten), then
+the record folds. At the end of the batch, what the watermark made due fires
+before the keys it expired are forgotten, and only then are the updates of
+unwindowed keys emitted (:meth:`KeyedLogic.after_expiry`), so an update and an
+expiry of one key in one batch never share a version.
+
 >>> logic = logic_for(head)  # doctest: +SKIP
 >>> logic.fold(batch, "apple", encode_key("apple"), None, None, 1, ts, "0/5/0")  # doctest: +SKIP
 >>> logic.fire(batch, watermark, fire_all=False)  # doctest: +SKIP
@@ -48,6 +56,14 @@ class KeyedBatch:
     late: list[Late] = field(default_factory=list)
     #: The watermark as it stands after this batch's records (None: none yet).
     watermark: int | None = None
+    #: key -> the latest event time that keeps it alive under a TTL this batch: its
+    #: records and the event-time timers set for it (:meth:`keep_alive`).
+    touched: dict[bytes, int] = field(default_factory=dict)
+
+    def keep_alive(self, key_bytes: bytes, ts: int) -> None:
+        """The key lives at least a TTL past ``ts`` (a record, or a timer set for ``ts``)."""
+        before = self.touched.get(key_bytes)
+        self.touched[key_bytes] = ts if before is None or ts > before else before
 
 
 class KeyedLogic(ABC):
@@ -95,8 +111,16 @@ class KeyedLogic(ABC):
         """
 
     @abstractmethod
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
-        """Delete all state of one key (its TTL expired)."""
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
+        """Delete all state of one key: its TTL expired at ``expired_at`` (event time)."""
+
+    def before_record(  # noqa: B027 - optional hook
+        self, batch: KeyedBatch, key_bytes: bytes, ts: int
+    ) -> None:
+        """Run what is due for the key before its record at ``ts`` (a processor's timers)."""
+
+    def after_expiry(self, batch: KeyedBatch) -> None:  # noqa: B027 - optional hook
+        """Append the results that depend on what expired this batch (none by default)."""
 
     @abstractmethod
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:

@@ -2,9 +2,10 @@
 
 Its state lives under the key's :func:`~stream_assets.state.layout.user_prefix`,
 its timers in two time-ordered indexes (event time, wall clock) plus, for
-event-time timers, a list per key: a key's timers due before its next record
-fire first, so ``on_timer`` sees the same state whatever the batches were
-(the contract in :mod:`stream_assets.operators.processor`). A call that fails
+event-time timers, a list per key: a key's timers due at or before its next
+record fire first (before its TTL is judged), so ``on_timer`` sees the same
+state whatever the batches were (the contract in
+:mod:`stream_assets.operators.processor`). A call that fails
 leaves none of its changes or emits (a savepoint of the batch state), and
 becomes a dead letter.
 """
@@ -29,16 +30,33 @@ from stream_assets.runtime.shuffle_codec import decode_key, encode_key
 from stream_assets.serde.packing import unpack
 from stream_assets.state import layout as lay
 from stream_assets.state.store import QueueStateStore
-from stream_assets.windows import Window
+from stream_assets.windows import Window, later
 
 
 class ProcessLogic(KeyedLogic):
-    """Runs ``process`` per record and ``on_timer`` per due timer, each all or nothing."""
+    """Runs ``process`` per record and ``on_timer`` per due timer, each all or nothing.
 
-    closes_when_idle = False
+    With ``fire_timers_when_idle`` (the default), every pending event-time timer
+    fires when every source queue is idle, as open windows do, and a later
+    record behind the latest of them is late; without it, event-time timers
+    wait for the watermark whatever the idleness.
+    """
 
     def __init__(self, head: n.Process) -> None:
         self.head = head
+        self.closes_when_idle = head.fire_timers_when_idle
+
+    def before_record(self, batch: KeyedBatch, key_bytes: bytes, ts: int) -> None:
+        """The key's event-time timers due at or before ``ts``, earliest first (including
+        those their ``on_timer`` sets), so the record sees what they left."""
+        fired: set[int] = set()
+        while True:
+            timers = batch.state.get(lay.KEY_TIMERS + key_bytes) or []
+            due = [t for t in timers if t <= ts and t not in fired]
+            if not due:
+                return
+            fired.add(due[0])
+            self._fire_one(batch, lay.EVENT_TIMERS, due[0], key_bytes)
 
     def fold(
         self,
@@ -51,10 +69,7 @@ class ProcessLogic(KeyedLogic):
         ts: int,
         origin: str,
     ) -> None:
-        """The key's timers due at or before ``ts`` first, then ``process``."""
-        timers = batch.state.get(lay.KEY_TIMERS + key_bytes) or []
-        for at in [t for t in timers if t <= ts]:
-            self._fire_one(batch, lay.EVENT_TIMERS, at, key_bytes)
+        """Run ``process`` (the key's due timers fired in :meth:`before_record`)."""
         ctx = _Context(batch, key, key_bytes, ts, (origin,))
         batch.state.savepoint()
         try:
@@ -66,7 +81,32 @@ class ProcessLogic(KeyedLogic):
         batch.results.extend(ctx.emitted)
 
     def fire(self, batch: KeyedBatch, fire_to: int | None, fire_all: bool) -> int | None:
-        """Event-time timers the watermark reached, processing-time ones the clock did."""
+        """Event-time timers the watermark reached (when all sources are idle and
+        ``fire_timers_when_idle``, every one pending now), processing-time ones the
+        clock reached; a timer an ``on_timer`` sets within that reach fires too (one set
+        beyond it waits, so a timer that always sets the next one cannot loop). Returns
+        the latest event-time timer fired when all sources are idle (what is closed
+        now), else None."""
+        idle_fires = fire_all and self.head.fire_timers_when_idle
+        if idle_fires:
+            pending = (lay.time_of(raw) for raw, _ in batch.state.items(lay.EVENT_TIMERS))
+            fire_to = later(fire_to, max(pending, default=None))
+        fired: set[bytes] = set()
+        latest: int | None = None
+        while due := [d for d in self._due(batch, fire_to) if d[1] not in fired]:
+            for kind, raw in due:
+                fired.add(raw)
+                # A timer fired before its key's record in this batch is gone already.
+                if batch.state.get(raw) is None:
+                    continue
+                at = lay.time_of(raw)
+                self._fire_one(batch, kind, at, lay.key_of_timed(raw))
+                if kind == lay.EVENT_TIMERS and (latest is None or at > latest):
+                    latest = at
+        return latest if idle_fires else None
+
+    def _due(self, batch: KeyedBatch, fire_to: int | None) -> list[tuple[bytes, bytes]]:
+        """Due timers as (kind, state key): event time first, each kind earliest first."""
         due: list[tuple[bytes, bytes]] = []
         if fire_to is not None:
             below = lay.timer_key(lay.EVENT_TIMERS, fire_to + 1, b"")
@@ -78,11 +118,7 @@ class ProcessLogic(KeyedLogic):
             (lay.PROCESSING_TIMERS, raw)
             for raw, _ in batch.state.items(lay.PROCESSING_TIMERS, below)
         ]
-        for kind, raw in due:
-            # A timer fired before its key's record in this batch is gone already.
-            if batch.state.get(raw) is not None:
-                self._fire_one(batch, kind, lay.time_of(raw), lay.key_of_timed(raw))
-        return None
+        return due
 
     def _fire_one(self, batch: KeyedBatch, kind: bytes, at: int, key_bytes: bytes) -> None:
         """Remove the timer and run ``on_timer``; a failure is the timer's dead letter."""
@@ -104,9 +140,10 @@ class ProcessLogic(KeyedLogic):
         batch.state.release()
         batch.results.extend(ctx.emitted)
 
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
-        """Drop the key's processor state (its timers stay: they still fire)."""
-        state.delete_prefix(lay.user_prefix(key_bytes))
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
+        """Drop the key's processor state. No event-time timer is pending then (each keeps
+        its key alive a TTL past it); a processing-time timer stays and fires on no state."""
+        batch.state.delete_prefix(lay.user_prefix(key_bytes))
 
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:
         """The key's state by name: a value, a list, or a map ``{key: value}``; None if none."""
@@ -178,6 +215,7 @@ class _Context(TimerContext):
 
     def set_event_timer(self, at_ms: int) -> None:
         _set_timer(self._batch.state, lay.EVENT_TIMERS, int(at_ms), self._key_bytes)
+        self._batch.keep_alive(self._key_bytes, int(at_ms))
 
     def delete_event_timer(self, at_ms: int) -> None:
         _delete_timer(self._batch.state, lay.EVENT_TIMERS, int(at_ms), self._key_bytes)

@@ -44,6 +44,26 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class Expired:
+    """A deletion: an unwindowed aggregate's key whose TTL expired (a tombstone).
+
+    It carries the key's next version like an update, so a consumer that keeps
+    the highest version per result key forgets the key too. It bypasses the
+    stage's user functions (a ``map`` written for results would fail on it) and
+    reaches every sink and print downstream of the aggregate in this stage.
+
+    >>> Expired("apple").value()
+    {'key': 'apple', 'expired': True}
+    """
+
+    key: Any
+
+    def value(self) -> dict[str, Any]:
+        """What the sinks get: ``{"key": ..., "expired": True}``, in the sink's serializer."""
+        return {"key": self.key, "expired": True}
+
+
+@dataclass(frozen=True)
 class Joined:
     """A pair to join: the joiner runs where user functions run (and may fail), at emit."""
 
@@ -70,6 +90,8 @@ def shown_result(value: Any) -> Any:
         return [value.left, value.right]
     if isinstance(value, Finish):
         return {"key": value.key, "accumulator": value.acc}
+    if isinstance(value, Expired):
+        return value.value()
     return value
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream_assets.keyed.batch_state import BatchState
 from stream_assets.keyed.logic import KeyedBatch, KeyedLogic
 from stream_assets.keyed.results import Joined, result_key
 from stream_assets.plan import nodes as n
@@ -90,9 +89,12 @@ class TableJoinLogic(KeyedLogic):
                 state.put(lay.TABLE + key_bytes, versions[len(current) - 1 :])
         return fired_end
 
-    def forget(self, state: BatchState, key_bytes: bytes) -> None:
-        """Drop the key's table versions (records still waiting keep theirs: they are due)."""
-        state.put(lay.TABLE + key_bytes, None)
+    def forget(self, batch: KeyedBatch, key_bytes: bytes, expired_at: int) -> None:
+        """Drop the key's table versions (records still waiting keep theirs: they are due).
+
+        Nothing is emitted: the table is this join's state, never a sink's content.
+        """
+        batch.state.put(lay.TABLE + key_bytes, None)
 
     def read(self, store: QueueStateStore, key: Any, window: Window | None) -> Any:
         """The key's table versions ``[[ts, value], ...]``, oldest first, or None."""

@@ -17,6 +17,13 @@ When timers fire (the contract the tests hold):
 - A **processing-time** timer at ``T`` (ms since the epoch) fires in the first
   batch that runs at or after ``T`` (stages with timers get a batch now and
   then even without input).
+- With a **TTL** (``process(..., ttl=s)``), a key lives ``s`` seconds of event
+  time past the latest of its records and of the event-time timers set for it,
+  so a timer always fires, with the key's state, before the key expires; a
+  record at or after the expiry then finds the key forgotten.
+- When **every source queue is idle**, every pending event-time timer fires
+  (``fire_timers_when_idle=False``: they wait for the watermark), and a later
+  record behind the latest of them is late.
 
 Example: drop repeats of an id seen within the last hour of event time::
 

@@ -183,6 +183,9 @@ class Aggregate(Stateful):
     #: Results of open windows too: None only final results; 0 an update per window
     #: changed in a batch; N one update of every open window each N ms (wall clock).
     emit_every_ms: int | None = field(default=None, kw_only=True)
+    #: With a TTL: a key that expires emits a deletion (``{"key": ..., "expired": true}``
+    #: under its next version); False: it is forgotten silently.
+    expiry_tombstones: bool = field(default=True, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,10 @@ class Process(Stateful):
     sees each record of its key with the key's state, sets timers and emits."""
 
     processor: Processor
+    #: When every source queue is idle, pending event-time timers fire as open windows
+    #: do (and later records behind the latest of them are late); False: they wait
+    #: for the watermark.
+    fire_timers_when_idle: bool = field(default=True, kw_only=True)
 
     @property
     def judges_lateness(self) -> bool:

@@ -80,6 +80,22 @@ class OperatorGraph:
         self._push(self.root, [(value, ts)])
         return self._results
 
+    def terminals(self) -> list[n.Node]:
+        """The sinks and prints reachable from the root within the stage, in plan order
+        (each once): where a deletion goes, past every user function."""
+        found: list[n.Node] = []
+        seen: set[str] = set()
+        todo = [self.root]
+        while todo:
+            for child in self.children.get(todo.pop(0), ()):
+                if child in seen or child in self.exit_index:
+                    continue
+                seen.add(child)
+                if isinstance(self.nodes[child], n.Sink | n.Print):
+                    found.append(self.nodes[child])
+                todo.append(child)
+        return found
+
     def _push(self, op_id: str, elements: list[Element]) -> None:
         for child in self.children.get(op_id, ()):
             node = self.nodes[child]

@@ -24,6 +24,7 @@ from stream_assets.state.records import Delta, decode_record, is_void
 from stream_assets.state.restore import restore_queue
 from stream_assets.state.store import QueueStateStore
 from tests.integration._engine_util import unique
+from tests.session_reference import sessions
 
 
 def events(rnd: random.Random, count: int, base_ts: int) -> list[dict[str, Any]]:
@@ -69,21 +70,13 @@ def dedup_reference(per_queue: dict[str, list[dict[str, Any]]], horizon: int) ->
     return sorted(out)
 
 
-def silence_reference(
-    per_queue: dict[str, list[dict[str, Any]]], silence: int, final_watermark: int
-) -> list[tuple[str, int]]:
-    """(device, last_seen) of each alert: a device's next event came ``silence`` or more
-    after its previous one, or the final watermark passed its last timer."""
-    last: dict[str, int] = {}
-    alerts = []
-    for events in per_queue.values():
-        for e in events:
-            before = last.get(e["device"])
-            if before is not None and e["t"] >= before + silence:
-                alerts.append((e["device"], before))
-            last[e["device"]] = e["t"]
-    alerts += [(d, t) for d, t in last.items() if t + silence <= final_watermark]
-    return sorted(alerts)
+def sessions_reference(
+    per_queue: dict[str, list[dict[str, Any]]], gap: int, ttl: int
+) -> list[tuple[str, int, int, int, int]]:
+    """(device, records, first, last, total) of every session summary
+    (:func:`tests.session_reference.sessions`): the final watermark passes every timer."""
+    events = [(e["device"], e["t"]) for evs in per_queue.values() for e in evs]
+    return sorted((d, *s) for d, summaries in sessions(events, gap, ttl).items() for s in summaries)
 
 
 def state_histories(

@@ -9,19 +9,20 @@ shipped to the executors.
 from __future__ import annotations
 
 from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.examples.activity_sessions import ActivitySessions
 from stream_assets.examples.dedup import FirstWithin
-from stream_assets.examples.silence_alert import SilenceAlert
 from stream_assets.plan.topology import Topology
 from stream_assets.serde import json_deserializer
 
 
-def dedup_and_silence(
+def dedup_and_sessions(
     job_id: str,
     source: str,
     unique_sink: str,
-    alert_sink: str,
+    session_sink: str,
     horizon_ms: int,
-    silence_ms: int,
+    gap_ms: int,
+    session_ttl_s: float,
     lateness_s: float,
 ) -> Topology:
     """One source, one stage 0, two keyed exits.
@@ -29,8 +30,10 @@ def dedup_and_silence(
     Events ``{"id", "device", "t", "n"}`` (``t``: event time, ms): the first event
     of each ``id`` within ``horizon_ms`` goes to ``unique_sink``
     (:class:`FirstWithin`, its state forgotten ``2 * horizon_ms`` after the id's
-    latest event), and a ``device`` silent for ``silence_ms`` raises an alert in
-    ``alert_sink`` (:class:`SilenceAlert`).
+    latest event), and each ``device``'s sessions of activity (closed by an
+    event-time timer ``gap_ms`` after its latest event, state under a TTL of
+    ``session_ttl_s``, shorter than the gap) go to ``session_sink``
+    (:class:`ActivitySessions`).
     """
     builder = StreamBuilder(job_id)
     events = builder.source(source, json_deserializer).select_timestamp("t")
@@ -41,7 +44,7 @@ def dedup_and_silence(
     )
     (
         events.key_by("device")
-        .process(SilenceAlert(silence_ms), water_mark=lateness_s)
-        .sink(alert_sink)
+        .process(ActivitySessions(gap_ms), ttl=session_ttl_s, water_mark=lateness_s)
+        .sink(session_sink)
     )
     return builder.build()

@@ -6,7 +6,8 @@ a reference computed from the input with plain Python. Failover: ``kill -9``
 of broker-a's master (its slave keeps reads going), and broker-b stopped as a
 whole for 30 s; nothing is lost or doubled, and the job starts again cleanly.
 Stateful logic on two Spark workers under CPU load, a worker killed: a windowed
-join, and the user's processors (de-duplication with a TTL, silence alerts).
+join, and the user's processors (de-duplication with a TTL, sessions closed by timers
+under a TTL shorter than their gap).
 
 The cluster is ``tests/integration/_rocketmq_cluster.py``'s (own ports and
 stores); the instances share the session's SparkSession.
@@ -51,7 +52,7 @@ from tests.integration._engine_util import (
     wait_until,
 )
 from tests.integration._load import cpu_hog
-from tests.integration._process_topologies import dedup_and_silence
+from tests.integration._process_topologies import dedup_and_sessions
 from tests.integration.conftest import EngineHarness
 from tests.integration.test_cluster import (
     _assert_one_history_per_queue,
@@ -510,7 +511,7 @@ def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
     )
 
 
-# -- process(): de-duplication with a TTL and silence alerts, 2 workers, under load ---
+# -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---
 
 
 def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_worker_killed(
@@ -523,28 +524,37 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
     """The user's stateful logic where it is hardest: one source on both broker groups,
     two Spark workers that cannot see each other's disks, the CPUs busy, and worker 0
     killed mid-stream. One stage 0 feeds two processors
-    (``_process_topologies.dedup_and_silence``): FirstWithin keyed by ``id`` (an
-    event-time timer and a state TTL) and SilenceAlert keyed by ``device``. Both
-    outputs equal the references from the input (``_process_case``)."""
+    (``_process_topologies.dedup_and_sessions``): FirstWithin keyed by ``id`` (an
+    event-time timer and a state TTL) and ActivitySessions keyed by ``device``
+    (sessions closed by an event-time timer that reads the session's state, under
+    a TTL shorter than the gap: the timer must still see it). Both outputs equal
+    the references from the input (``_process_case``)."""
     began = time.monotonic()
     job = unique("it-mb-proc")
-    source, unique_sink, alert_sink = f"{job}-src", f"{job}-unique", f"{job}-alerts"
+    source, unique_sink, session_sink = f"{job}-src", f"{job}-unique", f"{job}-sessions"
     cluster_admin.create_topic(source, 2)  # 2 per group: 4 queues
     queues = len(cluster_admin.queues(source))
     assert queues == 4
     settings = _driver_settings(cluster_settings)
-    base_ts, horizon_ms, silence_ms, lateness_s = 1_700_000_000_000, 1_500, 1_000, 1.0
+    base_ts, horizon_ms, gap_ms, session_ttl_ms, lateness_s = (
+        1_700_000_000_000,
+        1_500,
+        1_000,
+        400,
+        1.0,
+    )
     flush_ts = base_ts + 10**9  # past every timer the stream sets
     kwargs = {
         "job_id": job,
         "source": source,
         "unique_sink": unique_sink,
-        "alert_sink": alert_sink,
+        "session_sink": session_sink,
         "horizon_ms": horizon_ms,
-        "silence_ms": silence_ms,
+        "gap_ms": gap_ms,
+        "session_ttl_s": session_ttl_ms / 1000,
         "lateness_s": lateness_s,
     }
-    topology = dedup_and_silence(**kwargs)  # type: ignore[arg-type]
+    topology = dedup_and_sessions(**kwargs)  # type: ignore[arg-type]
     events = process_case.events(random.Random(29), 2_400, base_ts)
     # Keyed by device: a device (and each of its ids) on one source queue, in order;
     # then one flush event per queue (a queue index per write queue of both groups).
@@ -559,7 +569,7 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         return list(latest_by_message_key(read_topic(cluster_admin, topic)).values())
 
     spec = {
-        "topology": "tests.integration._process_topologies:dedup_and_silence",
+        "topology": "tests.integration._process_topologies:dedup_and_sessions",
         "topology_kwargs": kwargs,
         "rocketmq": json.loads(settings.revealed_json()),
         "engine": {
@@ -594,14 +604,14 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         stored = process_case.stored_events(cluster_admin, source)
         expected_unique = process_case.dedup_reference(stored, horizon_ms)
         final_watermark = flush_ts - int(lateness_s * 1000)
-        expected_alerts = process_case.silence_reference(stored, silence_ms, final_watermark)
+        expected_sessions = process_case.sessions_reference(stored, gap_ms, session_ttl_ms)
         wait_until(
             lambda: (
                 len(outputs(unique_sink)) >= len(expected_unique)
-                and len(outputs(alert_sink)) >= len(expected_alerts)
+                and len(outputs(session_sink)) >= len(expected_sessions)
             ),
             CATCH_UP_S,
-            "every unique event and every alert",
+            "every unique event and every session",
             poll_s=1.0,
         )
         driver.await_caught_up(CATCH_UP_S)
@@ -624,9 +634,19 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
 
     uniques = outputs(unique_sink)
     assert sorted(e["n"] for e in uniques) == expected_unique
-    alerts = outputs(alert_sink)
-    assert sorted((a["device"], a["last_seen"]) for a in alerts) == expected_alerts
-    assert all(a["silent_at"] == a["last_seen"] + silence_ms for a in alerts)
+    summaries = outputs(session_sink)
+    assert (
+        sorted(
+            (s["key"], s["records"], s["first"], s["last"], s["total"])
+            for s in summaries
+            if not s["key"].startswith("f")
+        )
+        == expected_sessions
+    )
+    # The reference's premise: keys came back both within and past the TTL after a
+    # session's timer (totals went on, and restarted).
+    assert any(s[4] > s[1] for s in expected_sessions)
+    assert metrics["2"]["totals"]["expired"] > 0, "the session state's TTL never expired"
     assert read_topic(cluster_admin, topology.dead_letter_topic) == []
     for stage in ("1", "2"):
         assert metrics[stage]["totals"]["late"] == 0, metrics[stage]
@@ -652,10 +672,11 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
 
     totals = {s: metrics[s]["totals"] for s in ("1", "2")}
     report(
-        f"dedup + silence over 2 broker groups on 2 workers under load, worker 0 killed "
+        f"dedup + sessions over 2 broker groups on 2 workers under load, worker 0 killed "
         f"after {sent_at_kill}/{len(messages)} sent: {len(expected_unique)} unique of "
-        f"{len(events)} events, {len(expected_alerts)} alerts; dedup expired "
-        f"{int(totals['1']['expired'])} keys; restores {int(totals['1']['restores'])}"
+        f"{len(events)} events, {len(expected_sessions)} sessions; expired "
+        f"{int(totals['1']['expired'])}+{int(totals['2']['expired'])} keys; "
+        f"restores {int(totals['1']['restores'])}"
         f"+{int(totals['2']['restores'])}, catch-ups {int(totals['1']['catch_ups'])}"
         f"+{int(totals['2']['catch_ups'])}; driver up in {started_s:.1f} s, "
         f"{time.monotonic() - began:.1f} s in all"

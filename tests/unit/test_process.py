@@ -238,39 +238,6 @@ def test_process_rejects_a_window_and_a_non_processor() -> None:
         stream.key_by("k").window(TumblingWindow.of(Time.seconds(1))).process(_Ping())
 
 
-def _ttl_reference(events: list[dict[str, Any]], ttl: int) -> dict[str, tuple[int, int]]:
-    """Per key: (count since its state last expired, latest time)."""
-    state: dict[str, tuple[int, int]] = {}
-    for e in events:
-        count, last = state.get(e["id"], (0, e["t"]))
-        if e["t"] >= last + ttl:
-            count = 0
-        state[e["id"]] = (count + 1, max(last, e["t"]))
-    return state
-
-
-@pytest.mark.parametrize("batch", [None, 9])
-def test_ttl_forgets_a_quiet_key_and_a_record_after_it_starts_over(batch: int | None) -> None:
-    rnd = random.Random(8)
-    ttl = 400
-    events = _keyed_stream(rnd, keys=10, n=300, gap_max=150)
-    b = StreamBuilder("ttl")
-    b.source("in", json_deserializer).key_by("id").count().ttl(ttl / 1000).to_rstream().sink("out")
-    with TopologyTestDriver(b.build(), source_queues=2, max_records_per_batch=batch) as driver:
-        driver.pipe_many(events, event_time=lambda e: e["t"], key=lambda e: e["id"])
-        driver.advance()
-        reference = _ttl_reference(events, ttl)
-        latest = {v["key"]: v["count"] for v in driver.outputs()}
-        assert latest == {k: c for k, (c, _t) in reference.items()}
-        for q in range(2):
-            driver.pipe({"id": f"flush-{q}"}, event_time=FLUSH_AT, queue=q)
-        driver.advance()
-        assert all(driver.state(k) is None for k in reference)  # all expired
-        assert sum(s.expired for s in driver.stats) >= len(reference)
-        driver.restore_state()
-        assert all(driver.state(k) is None for k in reference)  # the expiry was changelogged
-
-
 def test_ttl_keeps_the_store_bounded_over_many_keys() -> None:
     """20 000 distinct keys over a moving clock: the store holds about one TTL's worth."""
     ttl = 1_000
