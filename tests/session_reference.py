@@ -5,7 +5,8 @@ By the documented rules, per key in its own order: the session's timer at
 ``last + gap`` fires before the key's first record at or after it; the key's
 state expires a TTL after the latest of its records and of its timers
 (``last + gap + ttl``), and a record at or after that starts the key's total
-over; the end of the input (a flush past every timer) closes every session.
+over; at the end of the input, a session closes if the final watermark reached
+its timer (every session, with no watermark given).
 
     >>> sessions([("a", 0), ("a", 10), ("a", 700), ("a", 2_000)], gap=500, ttl=300)
     {'a': [(2, 0, 10, 2), (1, 700, 700, 3), (1, 2000, 2000, 1)]}
@@ -20,7 +21,9 @@ from typing import Any
 Summary = tuple[int, int, int, int]
 
 
-def sessions(events: Iterable[tuple[Any, int]], gap: int, ttl: int) -> dict[Any, list[Summary]]:
+def sessions(
+    events: Iterable[tuple[Any, int]], gap: int, ttl: int, final_watermark: int | None = None
+) -> dict[Any, list[Summary]]:
     """Per key, its session summaries in order; ``events``: (key, event time), each key's
     events in the order its source queue holds them."""
     out: dict[Any, list[Summary]] = {}
@@ -37,6 +40,8 @@ def sessions(events: Iterable[tuple[Any, int]], gap: int, ttl: int) -> dict[Any,
         s["total"] += 1
         s["expires"] = t + gap + ttl
     for key, s in state.items():
-        if s["session"] is not None:
+        if s["session"] is None:
+            continue
+        if final_watermark is None or s["session"][2] + gap <= final_watermark:
             out.setdefault(key, []).append((*s["session"], s["total"]))
     return out

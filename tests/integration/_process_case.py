@@ -71,12 +71,14 @@ def dedup_reference(per_queue: dict[str, list[dict[str, Any]]], horizon: int) ->
 
 
 def sessions_reference(
-    per_queue: dict[str, list[dict[str, Any]]], gap: int, ttl: int
+    per_queue: dict[str, list[dict[str, Any]]], gap: int, ttl: int, final_watermark: int
 ) -> list[tuple[str, int, int, int, int]]:
     """(device, records, first, last, total) of every session summary
-    (:func:`tests.session_reference.sessions`): the final watermark passes every timer."""
+    (:func:`tests.session_reference.sessions`), flush events included: the final
+    watermark closes every session but theirs."""
     events = [(e["device"], e["t"]) for evs in per_queue.values() for e in evs]
-    return sorted((d, *s) for d, summaries in sessions(events, gap, ttl).items() for s in summaries)
+    found = sessions(events, gap, ttl, final_watermark)
+    return sorted((d, *s) for d, summaries in found.items() for s in summaries)
 
 
 def state_histories(
