@@ -76,6 +76,7 @@ from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import current_layout
+from stream_assets.rocketmq.provision import plan_topology_upgrade
 from stream_assets.rocketmq.reader import PullStatus, QueueReader
 from stream_assets.settings import CheckSettings, SupervisorSettings
 
@@ -835,8 +836,9 @@ def build_checks_sensor(
         if names:
             with rocketmq.admin() as admin, RocketMQProbe(admin) as probe:
                 for job_id in names:
-                    topology = registrations[job_id].topology()
                     try:
+                        built = registrations[job_id].topology()
+                        topology = plan_topology_upgrade(admin, built).topology
                         outcomes = evaluate_topology(topology, probe, previous, current)
                     except (RocketMQError, OSError) as exc:
                         context.log.warning(f"{job_id}: checks not evaluated this tick: {exc}")

@@ -73,6 +73,8 @@ class Heart:
         self.lag: dict[str, dict[int, int]] | None = None
         #: When a micro-batch last completed (epoch s; 0: none yet), read at each beat.
         self.batch_at: Callable[[], float] = lambda: 0.0
+        #: Draining for a stop: the sources are no longer read (the other runs wait for it).
+        self.draining = False
         self._sent: Progress | None = None
         self._loop_at = time.time()
         self._busy: tuple[str, float] | None = None
@@ -145,6 +147,7 @@ class Heart:
                 busy=busy,
                 busy_since=busy_since,
                 batch_at=self.batch_at(),
+                draining=self.draining,
             )
             self._sent = progress
 

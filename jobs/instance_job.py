@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 from dagster._core.errors import DagsterExecutionInterruptedError
 
-from stream_assets.control.desired_state import DesiredStateStore
+from stream_assets.control.desired_state import DesiredStateStore, heartbeats
 from stream_assets.control.lineage import topology_asset_key
 from stream_assets.control.metrics import (
     RateMeters,
@@ -36,7 +36,7 @@ from stream_assets.control.metrics import (
     instance_metadata,
     instance_numbers,
 )
-from stream_assets.control.rebalance import RebalanceFollower
+from stream_assets.control.rebalance import DRAIN, RebalanceFollower
 from stream_assets.control.registry import (
     GENERATION_TAG,
     IDLE_TAG,
@@ -160,6 +160,8 @@ def run_instance(
         _take_over_stop_signals(stop)
         rate_window_s = MetricsSettings().rate_window_s
         reason = _supervise(context, config, inst, heart, stop, rate_window_s)
+        if reason == DRAIN:
+            _drain(context, config, inst, heart)
         context.log.info(f"stopping ({reason}): finishing the batch in flight")
         with heart.busy("stopping: finishing the batch in flight"):
             inst.stop()
@@ -170,6 +172,45 @@ def run_instance(
     if reason == "cancelled":
         # Lets Dagster record the run as CANCELED rather than SUCCESS.
         raise DagsterExecutionInterruptedError("instance run cancelled")
+
+
+#: How long a draining instance waits for the shuffle topics to be consumed. What is
+#: still unread then is not lost: it stays in the shuffle topics for the next start.
+DRAIN_TIMEOUT_S = 600.0
+
+
+def _drain(
+    context: dg.OpExecutionContext, config: InstanceConfig, inst: Instance, heart: Heart
+) -> None:
+    """Stop reading the sources, then wait until every instance of the topology did so and
+    the shuffle topics are consumed: what the running version sent is applied by it."""
+    with heart.busy("draining: the sources are no longer read; consuming the shuffle topics"):
+        inst.stop_sources()
+        heart.draining = True
+        heart.beat()
+        left = inst.await_shuffles_consumed(
+            DRAIN_TIMEOUT_S, lambda: _all_draining(context.instance, config.topology)
+        )
+    if left:
+        context.log.warning(
+            f"drain: {left} shuffle messages still unread after {DRAIN_TIMEOUT_S:.0f}s; they "
+            "stay in the shuffle topics and the next start applies them"
+        )
+    else:
+        context.log.info("drained: every shuffle topic of the topology is consumed")
+
+
+def _all_draining(instance: dg.DagsterInstance, topology: str) -> bool:
+    """Whether every started instance run of ``topology`` says it reads no source now."""
+    runs = instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=INSTANCE_JOB,
+            tags={TOPOLOGY_TAG: topology},
+            statuses=[dg.DagsterRunStatus.STARTED],
+        )
+    )
+    beats = heartbeats(instance, [r.run_id for r in runs])
+    return all(r.run_id in beats and beats[r.run_id].draining for r in runs)
 
 
 def _take_over_stop_signals(stop: threading.Event) -> None:

@@ -4,7 +4,11 @@
 sets the topology's desired instance count to 0. The supervisor then launches
 nothing for it, and every instance run sees it: each finishes its batch in
 flight (its final checkpoint: offsets and state committed together) and ends
-SUCCESS. Runs still queued are marked CANCELED (they never ran); a run that has
+SUCCESS. With ``drain: true`` each instance first stops reading the sources and
+exits only once every instance did and every shuffle topic is consumed, so
+nothing the running version sent waits for the next one (before an upgrade that
+drops an operator's state: docs/operating.md, "Upgrading a topology"). Runs
+still queued are marked CANCELED (they never ran); a run that has
 not exited after ``stop_timeout_s`` is cancelled. The job returns once no
 instance run of the topology is left. Consumer
 offsets, state topics and local stores are untouched, and the allocation is
@@ -44,7 +48,7 @@ from stream_assets.resources.state_store import RocksDBStateStoreResource
 from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
-from stream_assets.rocketmq.provision import provision_topics
+from stream_assets.rocketmq.provision import plan_topology_upgrade, provision_topics
 
 STOP_JOB = "stop_topology_job"
 START_JOB = "start_topology_job"
@@ -55,6 +59,9 @@ class StopConfig(dg.Config):
 
     topology: str
     stop_timeout_s: float = 300.0
+    #: Stop reading the sources first and exit once every shuffle topic is consumed, so
+    #: nothing the running version sent is left for the next (before an upgrade).
+    drain: bool = False
 
 
 class StartConfig(dg.Config):
@@ -93,14 +100,20 @@ def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
     allocation = current.allocation if current else None
     # Written first: from here on the supervisor launches nothing for the topology,
     # so the runs cancelled below stay stopped.
-    store.set(name, DesiredState(0, allocation))
+    store.set(name, DesiredState(0, allocation, drain=config.drain))
     kept = (
         f"; allocation of generation {allocation.generation} ({allocation.instances} "
         "instances) kept for the start"
         if allocation is not None
         else ""
     )
-    context.log.info(f"{name}: desired instances {before} -> 0 (stopped){kept}")
+    draining = (
+        ": draining first (sources no longer read; each instance exits once every shuffle "
+        "topic is consumed)"
+        if config.drain
+        else ""
+    )
+    context.log.info(f"{name}: desired instances {before} -> 0 (stopped){kept}{draining}")
     stopped = _stop_runs(context, name, config.stop_timeout_s)
     context.log.info(
         f"{name} is stopped: no instance runs; offsets and state are where the last batch "
@@ -223,7 +236,9 @@ def start_topology(
         return
     old = current.allocation if current else None
     count = config.target_instances or (old.instances if old else reg.default_instances)
-    if old is not None and old.instances == count:
+    topics = _upgraded_topics(context, name, rocketmq)
+    same_topics = topics is None or (old is not None and set(old.assignment[0]) == topics)
+    if old is not None and old.instances == count and same_topics:
         allocation = old
         context.log.info(
             f"{name}: resuming {count} instances on the kept allocation (generation "
@@ -242,6 +257,32 @@ def start_topology(
     context.add_output_metadata(
         {"instances": count, "generation": allocation.generation, "started": True}
     )
+
+
+def _upgraded_topics(
+    context: dg.OpExecutionContext, name: str, rocketmq: RocketMQResource
+) -> set[str] | None:
+    """The topics the topology's group reads once started (its upgrade checked first:
+    a change its instances would refuse is refused here, changing nothing); None when
+    the broker cannot be asked now (the instances check at their start)."""
+    try:
+        with RocketMQAdmin(rocketmq.settings()) as admin:
+            upgrade = plan_topology_upgrade(admin, registered(name).topology())
+    except RocketMQError as exc:
+        context.log.warning(
+            f"{name}: the topology's record could not be read ({exc}); its instances compare "
+            "it with their topology when they start"
+        )
+        return None
+    except ValueError as exc:
+        raise failure(f"cannot start {name}: {exc}. Nothing was changed.") from exc
+    if not upgrade.first:
+        context.log.info(upgrade.describe())
+    try:
+        upgrade.refuse_if_needed()
+    except ValueError as exc:
+        raise failure(f"{exc}. Nothing was changed.") from exc
+    return {s.input_topic for s in upgrade.topology.stages}
 
 
 def _allocate(
@@ -266,6 +307,8 @@ def _allocate(
     engine = spark.engine_settings(state_dir=state_store.root())
     try:
         with RocketMQAdmin(rocketmq.settings()) as admin:
+            # The topics the job runs under (start_topology refused a change already).
+            topology = plan_topology_upgrade(admin, topology).topology
             check_topology_credentials(admin, topology, topology.job_id)
             topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:

@@ -55,7 +55,7 @@ from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import TopicLayout
-from stream_assets.rocketmq.provision import provision_topics
+from stream_assets.rocketmq.provision import plan_topology_upgrade, provision_topics
 from stream_assets.runtime.clients import admin_for
 
 SCALE_JOB = "scale_job"
@@ -96,6 +96,10 @@ def scale(
         # One control-plane client for the whole op (checks, restores, verification).
         admin = admin_for(settings)
         admin.master_brokers()
+        # The topics the job runs under; a change its instances would refuse is refused here.
+        upgrade = plan_topology_upgrade(admin, topology)
+        upgrade.refuse_if_needed()
+        topology = upgrade.topology
         check_topology_credentials(admin, topology, topology.job_id)
         topics = provision_topics(admin, topology, engine, context.log.info)
     except (RocketMQError, ValueError) as exc:

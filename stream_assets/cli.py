@@ -193,6 +193,34 @@ def _reset(args: argparse.Namespace) -> int:
         )
 
 
+def _upgrade(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stream_assets.control.registry import registration
+    from stream_assets.control.upgrade import apply_upgrade
+    from stream_assets.rocketmq.admin import RocketMQAdmin
+    from stream_assets.settings import EngineSettings, RocketMQSettings
+
+    try:
+        topology = registration(args.topology).topology()
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    root = Path(args.state_dir) if args.state_dir else EngineSettings().resolved_state_dir()
+    with RocketMQAdmin(RocketMQSettings()) as admin:
+        outcome = apply_upgrade(
+            topology,
+            admin,
+            drop=args.drop_state,
+            state_root=root,
+            say=lambda line: print(line, file=sys.stderr),
+            apply=args.yes,
+        )
+    print(outcome.describe())
+    if not args.yes:
+        print("(a dry run: add --yes to drop that state and record the topology)", file=sys.stderr)
+    return 0
+
+
 def _jvm_archive(args: argparse.Namespace) -> int:
     from stream_assets.runtime.class_archive import build
 
@@ -290,6 +318,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir", metavar="PATH", help="local state root (default: the engine's state dir)"
     )
     reset.set_defaults(func=_reset)
+
+    upgrade = sub.add_parser(
+        "upgrade",
+        help="show what starting a changed topology does with its state; with --drop-state "
+        "and --yes, drop the state of operators that cannot carry it over (docs/operating.md)",
+    )
+    upgrade.add_argument("topology", help="a registered topology (job id)")
+    upgrade.add_argument(
+        "--drop-state",
+        metavar="OPERATOR",
+        action="append",
+        default=[],
+        help="an operator whose state may go (repeatable): it starts empty",
+    )
+    upgrade.add_argument("--yes", action="store_true", help="apply (default: show the plan)")
+    upgrade.add_argument(
+        "--state-dir", metavar="PATH", help="local state root (default: the engine's state dir)"
+    )
+    upgrade.set_defaults(func=_upgrade)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 Per registered topology (``stream_assets.control.registry.REGISTRY``): its topics
 as assets with lineage source -> topology -> shuffle/state/sinks, the instance
-job the supervisor launches, the scale, reset, stop and start jobs, the
+job the supervisor launches, the scale, reset, stop, start and upgrade jobs, the
 supervisor and alert sensors, and the topology's scale schedules. Observability:
 the topology checks (lag, dead letters, output freshness) with the sensor and
 job that evaluate them, and the metrics sensor that observes the topology, sink
@@ -26,6 +26,7 @@ from stream_assets.jobs.reset import reset_job
 from stream_assets.jobs.scale import scale_job
 from stream_assets.jobs.state_query import state_query_job
 from stream_assets.jobs.supervisor import supervisor_sensor
+from stream_assets.jobs.upgrade import upgrade_job
 from stream_assets.resources import RocketMQResource, RocksDBStateStoreResource, SparkResource
 
 # Dagster 1.13 rebuilds every sensor whose job still needs this location's resources
@@ -50,6 +51,7 @@ defs = dg.Definitions(
         reset_job,
         stop_topology_job,
         start_topology_job,
+        upgrade_job,
         topology_checks_job,
     ],
     schedules=all_scale_schedules(REGISTRY.values(), scale_job),

@@ -22,5 +22,5 @@ Example::
     >>> reg = REGISTRY["wordcount"]
     >>> queues = topology_queues(reg.topology(), source_queues=4, shuffle_queues=8)
     >>> allocate(queues, 3).for_instance(2)
-    {'sourceTopic': [3], 'wordcount__shuffle__key_by-2': [6, 7]}
+    {'sourceTopic': [3], 'wordcount__shuffle__aggregate': [6, 7]}
 """

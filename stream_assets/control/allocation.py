@@ -333,7 +333,7 @@ def topology_queues(
 
         >>> from stream_assets.examples import wordcount
         >>> topology_queues(wordcount.build(), 2, 3)
-        {'sourceTopic': [0, 1], 'wordcount__shuffle__key_by-2': [0, 1, 2]}
+        {'sourceTopic': [0, 1], 'wordcount__shuffle__aggregate': [0, 1, 2]}
     """
     out: dict[str, list[int]] = {}
     for topic in topology.source_topics:

@@ -84,7 +84,8 @@ class DesiredState:
     ``paused`` is set while a job (reset) must keep the supervisor away: it
     then leaves the topology alone. ``phase`` is the step of a rebalance in
     place the scale job has reached for ``allocation`` (``"run"`` when none
-    is under way).
+    is under way). ``drain`` (with ``target_instances`` 0): the instances
+    stop reading the sources and exit only once every shuffle topic is consumed.
 
     Example::
 
@@ -96,6 +97,7 @@ class DesiredState:
     allocation: Allocation | None = None
     paused: bool = False
     phase: str = "run"
+    drain: bool = False
 
     def __post_init__(self) -> None:
         if self.target_instances < 0:
@@ -115,6 +117,8 @@ class DesiredState:
                 "allocation": None if self.allocation is None else self.allocation.to_dict(),
                 "paused": self.paused,
                 "phase": self.phase,
+                # Only when set: what earlier releases wrote reads back unchanged.
+                **({"drain": True} if self.drain else {}),
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -132,6 +136,7 @@ class DesiredState:
             allocation=None if raw is None else Allocation.from_dict(raw),
             paused=bool(data.get("paused", False)),
             phase=str(data.get("phase", "run")),
+            drain=bool(data.get("drain", False)),
         )
 
 
@@ -208,6 +213,8 @@ class Heartbeat:
     busy: str = ""
     busy_since: float = 0.0
     batch_at: float = 0.0
+    #: Draining for a stop: this run no longer reads the sources.
+    draining: bool = False
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -260,6 +267,7 @@ class Heartbeat:
             "busy": self.busy,
             "busy_since": self.busy_since,
             "batch_at": self.batch_at,
+            "draining": self.draining,
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -285,6 +293,7 @@ class Heartbeat:
             busy=str(data.get("busy", "")),
             busy_since=float(data.get("busy_since", 0.0)),
             batch_at=float(data.get("batch_at", 0.0)),
+            draining=bool(data.get("draining", False)),
         )
 
 
@@ -311,6 +320,7 @@ def record_heartbeat(
     busy: str = "",
     busy_since: float = 0.0,
     batch_at: float = 0.0,
+    draining: bool = False,
 ) -> Heartbeat:
     """Record that run ``run_id`` (instance ``instance_index`` of ``job_id``) is alive.
 
@@ -343,6 +353,7 @@ def record_heartbeat(
         busy=busy,
         busy_since=busy_since,
         batch_at=batch_at,
+        draining=draining,
     )
     _write(instance, heartbeat_key(run_id), beat.to_json())
     return beat

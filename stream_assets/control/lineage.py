@@ -26,8 +26,8 @@ Example::
     ...     print(spec.key.to_user_string(), [d.asset_key.to_user_string() for d in spec.deps])
     topics/sourceTopic []
     topologies/wordcount ['topics/sourceTopic']
-    topics/wordcount__shuffle__key_by_2 ['topologies/wordcount']
-    topics/wordcount__state__aggregate_3 ['topologies/wordcount']
+    topics/wordcount__shuffle__aggregate ['topologies/wordcount']
+    topics/wordcount__state__aggregate ['topologies/wordcount']
     topics/wordcount_out ['topologies/wordcount']
     topics/wordcount__dead_letters ['topologies/wordcount']
 """
@@ -56,8 +56,8 @@ def key_component(name: str) -> str:
 
     Example::
 
-        >>> key_component("wordcount__shuffle__key_by-2")
-        'wordcount__shuffle__key_by_2'
+        >>> key_component("wordcount__shuffle__aggregate")
+        'wordcount__shuffle__aggregate'
     """
     if not name:
         raise ValueError("an empty name has no asset key")

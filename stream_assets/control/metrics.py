@@ -228,7 +228,7 @@ def instance_numbers(
         ...     wordcount.build(),
         ...     {0: {"records_in": 100.0, "dead_letters": 1.0}, 1: {"outputs": 40.0}},
         ...     (12, 3400),
-        ...     {"sourceTopic": {0: 5, 1: 0}, "wordcount__shuffle__key_by-2": {0: 2}},
+        ...     {"sourceTopic": {0: 5, 1: 0}, "wordcount__shuffle__aggregate": {0: 2}},
         ... )
         >>> n.records_in, n.records_out, n.dead_letters, n.lag, n.source_lag, n.state_keys
         (100, 40, 1, 7, 5, 12)

@@ -35,6 +35,8 @@ from typing import Protocol
 from stream_assets.control.desired_state import DesiredState
 
 Assignment = dict[str, list[int]]
+#: The reason :meth:`RebalanceFollower.step` gives for a stop that drains first.
+DRAIN = "the topology was stopped, draining first"
 
 
 class Rebalanceable(Protocol):
@@ -121,7 +123,7 @@ class RebalanceFollower:
             if state.phase != "run":
                 return None
             if state.target_instances == 0:
-                return "the topology was stopped"
+                return DRAIN if state.drain else "the topology was stopped"
             if share is None:
                 return f"not part of generation {gen} ({alloc.instances} instances)"
             if not self.inst.running:

@@ -40,7 +40,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +51,7 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.layout import current_layout
+from stream_assets.rocketmq.provision import plan_topology_upgrade
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.send_buffer import SendBuffer
 from stream_assets.state.changelog import MessageSender
@@ -282,8 +283,13 @@ def plan_reset(
     group: str | None = None,
     state_root: Path | None = None,
     progress: Progress | None = None,
+    operators: Collection[str] | None = None,
 ) -> ResetPlan:
     """Read where ``topology`` stands and work out its reset to ``to``; changes nothing.
+
+    ``operators``: only these stateful operators (by the id they run under) lose their
+    state: their shuffle topics go to their ends and their state topics get empty
+    snapshots; the sources keep their offsets (dropping state in an upgrade).
 
     ``to``: :data:`EARLIEST` or epoch milliseconds (compared with the broker's
     store time of each message). ``group``: the consumer group its instances
@@ -297,11 +303,15 @@ def plan_reset(
         Reset of topology 'wordcount' (consumer group 'wordcount') to 2025-11-21T14:30:00.000Z ...
     """
     say = progress or (lambda _line: None)
+    # The topics the job runs under (an earlier release's names included).
+    topology = plan_topology_upgrade(admin, topology).topology
     group = group or topology.job_id
     planned_group = f"{group}-planned"
     topics: list[TopicReset] = []
     missing: list[str] = []
     for stage in topology.stages:
+        if operators is not None and (stage.head is None or stage.head.op_id not in operators):
+            continue
         source = stage.source is not None
         say(f"reading offsets of {'source' if source else 'shuffle'} topic {stage.input_topic}")
         try:
@@ -330,7 +340,12 @@ def plan_reset(
             moves = [OffsetMove(group, q, committed[q], end) for q, end in ends]
             topics.append(TopicReset(stage.input_topic, "shuffle", tuple(moves), ends))
     heads: list[StateQueueHead] = []
-    for state_topic in topology.state_topics:
+    dropped = [
+        s.state_topic
+        for s in topology.stages
+        if s.head is not None and s.state_topic and s.head.op_id in (operators or ())
+    ]
+    for state_topic in topology.state_topics if operators is None else dropped:
         say(f"reading the end of every queue of state topic {state_topic}")
         try:
             queues = admin.queues(state_topic)
@@ -339,6 +354,8 @@ def plan_reset(
             continue
         heads += [inspect_state_queue(admin, reader, q) for q in queues]
     stores = job_stores(state_root, topology.job_id) if state_root is not None else []
+    if operators is not None:
+        stores = [s for s in stores if s.operator_id in operators]
     return ResetPlan(
         job_id=topology.job_id,
         group=group,

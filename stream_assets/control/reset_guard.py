@@ -49,8 +49,8 @@ from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import StateError
 
 #: Jobs that write a topology's offsets or state and name it only in their op config
-#: (jobs/scale.py, jobs/reset.py); a state query names it too, but only reads.
-WRITING_JOBS = ("scale_job", "reset_job")
+#: (jobs/scale.py, jobs/reset.py, jobs/upgrade.py); a state query names it too, but only reads.
+WRITING_JOBS = ("scale_job", "reset_job", "upgrade_job")
 
 #: Run statuses of a run that may still write (NOT_STARTED: created, about to be launched).
 ACTIVE_STATUSES = (

@@ -28,7 +28,7 @@ Example::
 
     >>> answer = query_state("wordcount", "the", rocketmq=settings)  # doctest: +SKIP
     >>> answer.value, answer.queue_id, answer.read_from  # doctest: +SKIP
-    ({'count': 1042}, 5, 'wordcount__state__aggregate-3[5] at seq 17 (offset 18)')
+    ({'count': 1042}, 5, 'wordcount__state__aggregate[5] at seq 17 (offset 18)')
     >>> query_state("wordcount", "never-seen", rocketmq=settings).found  # doctest: +SKIP
     False
 """
@@ -50,6 +50,7 @@ from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.layout import current_layout
+from stream_assets.rocketmq.provision import plan_topology_upgrade
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
@@ -80,12 +81,12 @@ class StateAnswer:
 
     Example::
 
-        >>> a = StateAnswer("wc", "aggregate-3", "wc__state__aggregate-3", 2, "the",
+        >>> a = StateAnswer("wc", "aggregate-3", "wc__state__aggregate", 2, "the",
         ...                 None, False, {"count": 3}, seq=7, end_offset=8)
         >>> a.found, a.read_from
-        (True, 'wc__state__aggregate-3[2] at seq 7 (offset 8)')
+        (True, 'wc__state__aggregate[2] at seq 7 (offset 8)')
         >>> print(a.describe())
-        wc: key 'the' of aggregate-3 in wc__state__aggregate-3[2] at seq 7 (offset 8): {"count": 3}
+        wc: key 'the' of aggregate-3 in wc__state__aggregate[2] at seq 7 (offset 8): {"count": 3}
     """
 
     topology: str
@@ -216,7 +217,7 @@ def stateful_operators(topology: Topology) -> dict[str, Stage]:
 
     >>> from stream_assets.examples import wordcount
     >>> {op: s.state_topic for op, s in stateful_operators(wordcount.build()).items()}
-    {'aggregate-3': 'wordcount__state__aggregate-3'}
+    {'aggregate': 'wordcount__state__aggregate'}
     """
     return {
         s.queryable.op_id: s for s in topology.stages if s.queryable is not None and s.state_topic
@@ -228,11 +229,11 @@ def resolve_operator(topology: Topology, operator: str | None = None) -> Stage:
 
     >>> from stream_assets.examples import wordcount
     >>> resolve_operator(wordcount.build()).state_topic
-    'wordcount__state__aggregate-3'
+    'wordcount__state__aggregate'
     >>> resolve_operator(wordcount.build(), "count-9")
     Traceback (most recent call last):
     ...
-    stream_assets.control.state_query.StateQueryError: topology wordcount has no stateful operator 'count-9'; choose one of ['aggregate-3']
+    stream_assets.control.state_query.StateQueryError: topology wordcount has no stateful operator 'count-9'; choose one of ['aggregate']
     """  # noqa: E501
     stages = stateful_operators(topology)
     if not stages:
@@ -328,14 +329,12 @@ def query_state(
         {Window(start=0, end=10000): {'sum': 12.5}, Window(start=10000, end=20000): {'sum': 3.0}}
     """
     started = time.perf_counter()
-    topo = resolve_topology(topology)
-    stage = resolve_operator(topo, operator)
-    agg = stage.queryable
-    state_topic = stage.state_topic
-    assert agg is not None and state_topic is not None  # resolve_operator picks only these
-    if window is not None and agg.window is None:
+    built = resolve_topology(topology)
+    chosen = resolve_operator(built, operator)
+    if window is not None and chosen.head is not None and chosen.head.window is None:
         raise StateQueryError(
-            f"operator {agg.op_id} of {topo.job_id} is not windowed; query it without a window"
+            f"operator {chosen.head.op_id} of {built.job_id} is not windowed; query it without "
+            "a window"
         )
     say = progress or (lambda _line: None)
     own_admin = admin is None
@@ -345,6 +344,12 @@ def query_state(
         admin = RocketMQAdmin(rocketmq)
     own_reader = reader is None
     try:
+        # The topics (and ids) the job runs under: an earlier release's names included.
+        topo = plan_topology_upgrade(admin, built).topology
+        stage = topo.stages[chosen.index]
+        agg = stage.queryable
+        state_topic = stage.state_topic
+        assert agg is not None and state_topic is not None  # resolve_operator picks only these
         try:
             queue_count = len(current_layout(admin, state_topic))
         except TopicNotFoundError:

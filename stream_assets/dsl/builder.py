@@ -44,6 +44,11 @@ from stream_assets.operators.aggregates import (
 from stream_assets.operators.joins import JoinCollect
 from stream_assets.operators.processor import Processor
 from stream_assets.plan import nodes as n
+from stream_assets.plan.names import (
+    default_sink_id,
+    default_stateful_id,
+    validate_operator_name,
+)
 from stream_assets.plan.topology import Topology, validate_name
 from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.serde import Deserializer, Serializer, json_serializer
@@ -75,9 +80,26 @@ class StreamBuilder:
         self._nodes: list[n.Node] = []
         #: key_by(...) handles not (yet) followed by an aggregate: a mistake at build().
         self._open_groups: list[GroupedStream] = []
+        #: Unnamed stateful operators so far, by kind; sinks so far, by topic.
+        self._unnamed: dict[str, int] = {}
+        self._sinks: dict[str, int] = {}
 
     def _op_id(self, kind: str) -> str:
         return f"{kind}-{len(self._nodes)}"
+
+    def _stateful_id(self, kind: str, name: str | None) -> str:
+        """A stateful operator's id, which names its shuffle and state topics: ``name``,
+        else its kind and place among the unnamed ones of that kind (``aggregate``,
+        ``aggregate_2``, ...), so edits elsewhere leave it as it is (plan/names.py)."""
+        if name is not None:
+            return validate_operator_name(name)
+        self._unnamed[kind] = self._unnamed.get(kind, 0) + 1
+        return default_stateful_id(kind, self._unnamed[kind])
+
+    def _sink_id(self, topic: str) -> str:
+        """A sink's id, part of every message key it writes: named by its topic."""
+        self._sinks[topic] = self._sinks.get(topic, 0) + 1
+        return default_sink_id(topic, self._sinks[topic])
 
     def _add(self, node: n.Node) -> str:
         self._nodes.append(node)
@@ -138,6 +160,13 @@ class StreamBuilder:
             raise ValueError(
                 f"{self.job_id}: a key_by(...) is not followed by an aggregate "
                 "(count/sum/min/max/avg/aggregate) and to_rstream()"
+            )
+        ids = [node.op_id for node in self._nodes]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(
+                f"{self.job_id}: operator name(s) {twice} given twice (an explicit name=, or "
+                "one that equals another operator's default name); give each its own"
             )
         return Topology(self.job_id, tuple(self._nodes))
 
@@ -273,19 +302,26 @@ class RStream:
         node = n.KeyBy(self._b._op_id("key_by"), fn, inputs=(self._tail,), side=side)
         return self._b._add(node)
 
-    def key_by(self, selector: Callable[[Any], Any] | str) -> GroupedStream:
+    def key_by(
+        self, selector: Callable[[Any], Any] | str, *, name: str | None = None
+    ) -> GroupedStream:
         """Group by fn(value) (or a field name); records shuffle by key hash.
 
         Also after an aggregate: each key_by cuts a new stage with its own shuffle topic.
+        ``name``: the default name of the aggregate or processor that follows (what its
+        shuffle and state topics are named by; see docs/operating.md, "Upgrades").
         """
-        grouped = GroupedStream(self, _key_selector(selector, "key_by"), self._window)
+        if name is not None:
+            validate_operator_name(name)
+        grouped = GroupedStream(self, _key_selector(selector, "key_by"), self._window, name=name)
         self._b._open_groups.append(grouped)
         return grouped
 
     group_by = key_by
 
-    def join(self, other: RStream) -> JoinBuilder:
-        """Windowed inner join with ``other``: ``.where(k).equal_to(k2).window(w).apply(fn)``.
+    def join(self, other: RStream, *, name: str | None = None) -> JoinBuilder:
+        """Windowed inner join with ``other``: ``.where(k).equal_to(k2).window(w).apply(fn)``;
+        ``name`` names the join's state (default ``join``, ``join_2``, ...).
 
         >>> from stream_assets.serde import json_deserializer
         >>> from stream_assets.windows import Time, TumblingWindow
@@ -297,12 +333,12 @@ class RStream:
         ...   .apply(lambda c, v: {"user": c["user"], "page": v["page"]})
         ...   .sink("clicked-views"))
         """
-        return JoinBuilder(self, other, "inner")
+        return JoinBuilder(self, other, "inner", name)
 
-    def left_join(self, other: RStream) -> JoinBuilder:
+    def left_join(self, other: RStream, *, name: str | None = None) -> JoinBuilder:
         """Windowed left join: as :meth:`join`, and ``fn(left, None)`` for a left value that
         met no right value in its window."""
-        return JoinBuilder(self, other, "left")
+        return JoinBuilder(self, other, "left", name)
 
     def join_table(
         self,
@@ -311,6 +347,7 @@ class RStream:
         joiner: Callable[[Any, Any], Any] | None = None,
         *,
         left: bool = False,
+        name: str | None = None,
     ) -> StatefulOptions:
         """Each value joined with ``table``'s value for ``key`` as of the value's event time.
 
@@ -319,7 +356,7 @@ class RStream:
         it gives ``joiner(value, None)``. A value waits until the watermark passes its event
         time, so table updates up to that time count, whatever order they arrive in.
         Options (``water_mark``, ``idle_timeout``, ``late_records_to``) follow; end with
-        ``to_rstream()``.
+        ``to_rstream()``. ``name`` names the join's state (default ``join_table``, ...).
         """
         if not isinstance(table, Table) or table.stream._b is not self._b:
             raise TypeError("join_table: expected a Table of the same StreamBuilder (b.table(...))")
@@ -329,7 +366,7 @@ class RStream:
         return StatefulOptions(
             self._b,
             lambda o: n.TableJoin(
-                self._b._op_id("join_table"),
+                self._b._stateful_id("join_table", name),
                 None,
                 o.lateness_ms,
                 o.idle_ms,
@@ -400,15 +437,20 @@ class RStream:
         last key.
         """
         validate_name(topic, "sink topic")
-        self._then(
-            n.Sink,
-            "sink",
+        if self._window is not None:
+            raise ValueError(
+                f"{self._b.job_id}: window(...) must be followed by group_by/key_by, not sink"
+            )
+        node = n.Sink(
+            self._b._sink_id(topic),
             topic,
             _callable(serializer, "sink"),
             key=None if key is None else _key_selector(key, "sink key"),
             tags=None if tags is None else _key_selector(tags, "sink tags"),
             properties=None if properties is None else _callable(properties, "sink properties"),
+            inputs=(self._tail,),
         )
+        self._b._add(node)
 
 
 def _pair(value: Any, other: Any) -> Any:
@@ -426,10 +468,11 @@ class Table:
 class JoinBuilder:
     """A windowed join being declared: ``where`` / ``equal_to`` / ``window`` / ``apply``."""
 
-    def __init__(self, left: RStream, right: RStream, kind: str) -> None:
+    def __init__(self, left: RStream, right: RStream, kind: str, name: str | None) -> None:
         if not isinstance(right, RStream) or right._b is not left._b:
             raise TypeError(f"{kind} join: expected a stream of the same StreamBuilder")
         self._left, self._right, self._kind = left, right, kind
+        self._name = None if name is None else validate_operator_name(name)
         self._where: Callable[[Any], Any] | None = None
         self._equal_to: Callable[[Any], Any] | None = None
         self._window: Any | None = None
@@ -482,7 +525,7 @@ class JoinBuilder:
         right = self._right._key_by_node(self._equal_to, side=1)
         o = self._options
         node = n.Join(
-            b._op_id("join"),
+            b._stateful_id("join", self._name),
             self._window,
             o.lateness_ms,
             o.idle_ms,
@@ -568,12 +611,15 @@ class GroupedStream:
         key: Callable[[Any], Any],
         window: Any | None,
         root: GroupedStream | None = None,
+        name: str | None = None,
     ) -> None:
         self._stream = stream
         self._key = key
         self._window = window
         #: The key_by(...) handle this one was made from (itself for key_by's own).
         self._root: GroupedStream = root or self
+        #: key_by(name=...): the default name of the stateful operator after it.
+        self._name: str | None = name if root is None else root._name
 
     def window(self, spec: Any) -> GroupedStream:
         """Aggregate per window of ``spec`` (tumbling, sliding or session)."""
@@ -583,36 +629,54 @@ class GroupedStream:
             )
         return GroupedStream(self._stream, self._key, spec, root=self._root)
 
-    def _agg(self, alias: str | None, acc: Accumulator) -> AggregatedStream:
-        return AggregatedStream(self, [(alias or acc.kind, acc)])
+    def _agg(self, alias: str | None, acc: Accumulator, name: str | None) -> AggregatedStream:
+        named = self._name if name is None else validate_operator_name(name)
+        return AggregatedStream(self, [(alias or acc.kind, acc)], named)
 
-    def count(self, alias: str | None = None) -> AggregatedStream:
-        """Number of records per key (and window)."""
-        return self._agg(alias, Count())
+    def count(self, alias: str | None = None, *, name: str | None = None) -> AggregatedStream:
+        """Number of records per key (and window). ``name``: the aggregate's name, which its
+        shuffle and state topics go by (default: ``aggregate``, ``aggregate_2``, ...)."""
+        return self._agg(alias, Count(), name)
 
     def sum(
-        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+        self,
+        selector: str | Callable[[Any], Any] | None = None,
+        alias: str | None = None,
+        *,
+        name: str | None = None,
     ) -> AggregatedStream:
-        """Sum of a field / function per key."""
-        return self._agg(alias, Sum(field_or_fn(selector, "sum")))
+        """Sum of a field / function per key (``name`` as for :meth:`count`)."""
+        return self._agg(alias, Sum(field_or_fn(selector, "sum")), name)
 
     def min(
-        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+        self,
+        selector: str | Callable[[Any], Any] | None = None,
+        alias: str | None = None,
+        *,
+        name: str | None = None,
     ) -> AggregatedStream:
-        """Smallest field / function value per key."""
-        return self._agg(alias, Min(field_or_fn(selector, "min")))
+        """Smallest field / function value per key (``name`` as for :meth:`count`)."""
+        return self._agg(alias, Min(field_or_fn(selector, "min")), name)
 
     def max(
-        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+        self,
+        selector: str | Callable[[Any], Any] | None = None,
+        alias: str | None = None,
+        *,
+        name: str | None = None,
     ) -> AggregatedStream:
-        """Largest field / function value per key."""
-        return self._agg(alias, Max(field_or_fn(selector, "max")))
+        """Largest field / function value per key (``name`` as for :meth:`count`)."""
+        return self._agg(alias, Max(field_or_fn(selector, "max")), name)
 
     def avg(
-        self, selector: str | Callable[[Any], Any] | None = None, alias: str | None = None
+        self,
+        selector: str | Callable[[Any], Any] | None = None,
+        alias: str | None = None,
+        *,
+        name: str | None = None,
     ) -> AggregatedStream:
-        """Mean of a field / function per key."""
-        return self._agg(alias, Avg(field_or_fn(selector, "avg")))
+        """Mean of a field / function per key (``name`` as for :meth:`count`)."""
+        return self._agg(alias, Avg(field_or_fn(selector, "avg")), name)
 
     def process(
         self,
@@ -623,6 +687,7 @@ class GroupedStream:
         idle_timeout: float | None = None,
         late_records_to: str | None = None,
         fire_timers_when_idle: bool = True,
+        name: str | None = None,
     ) -> RStream:
         """The user's own stateful logic per key: state, timers, emit (see
         :mod:`stream_assets.operators.processor`).
@@ -636,7 +701,8 @@ class GroupedStream:
         minimum; when every source queue is idle, every pending event-time timer
         fires, as open windows do, and a later record behind the latest timer
         fired is late (``fire_timers_when_idle=False``: timers wait for the
-        watermark instead).
+        watermark instead). ``name``: the processor's name, which its shuffle and state
+        topics go by (default ``process``, ``process_2``, ...).
 
         >>> from stream_assets.operators.processor import Processor
         >>> from stream_assets.serde import json_deserializer
@@ -671,7 +737,7 @@ class GroupedStream:
             b._open_groups.remove(self._root)
         key_by = self._stream._key_by_node(self._key)
         node = n.Process(
-            b._op_id("process"),
+            b._stateful_id("process", name if name is not None else self._name),
             None,
             o.lateness_ms,
             o.idle_ms,
@@ -683,20 +749,25 @@ class GroupedStream:
         )
         return RStream(b, b._add(node))
 
-    def aggregate(self, accumulator: Accumulator, alias: str | None = None) -> AggregatedStream:
-        """A user :class:`Accumulator` per key."""
+    def aggregate(
+        self, accumulator: Accumulator, alias: str | None = None, *, name: str | None = None
+    ) -> AggregatedStream:
+        """A user :class:`Accumulator` per key (``name`` as for :meth:`count`)."""
         if not isinstance(accumulator, Accumulator):
             raise TypeError(
                 f"aggregate: expected an Accumulator instance, got {type(accumulator).__name__}"
             )
-        return self._agg(alias, accumulator)
+        return self._agg(alias, accumulator, name)
 
 
 class AggregatedStream:
     """Aggregates being declared; chain more (field style) or call ``to_rstream()``."""
 
-    def __init__(self, grouped: GroupedStream, parts: list[tuple[str, Accumulator]]) -> None:
+    def __init__(
+        self, grouped: GroupedStream, parts: list[tuple[str, Accumulator]], name: str | None
+    ) -> None:
         self._grouped = grouped
+        self._name = name
         self._b = grouped._stream._b
         self._parts = parts
         self._options = _Options()
@@ -816,7 +887,7 @@ class AggregatedStream:
             key_by = g._stream._key_by_node(g._key)
             o = self._options
             node = n.Aggregate(
-                self._b._op_id("aggregate"),
+                self._b._stateful_id("aggregate", self._name),
                 g._window,
                 o.lateness_ms,
                 o.idle_ms,

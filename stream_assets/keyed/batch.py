@@ -122,6 +122,8 @@ class _QueueBatch:
             if meta.watermark
             else WatermarkTracker(head.allowed_lateness_ms)
         )
+        if ctx.origins:  # origins of an earlier version of the topology hold nothing back
+            self.tracker.retain(ctx.origins)
         for origin in ctx.origins:
             self.tracker.expect(origin)
         self.closed_floor: int | None = meta.extra.get("closed")

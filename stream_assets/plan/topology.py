@@ -7,8 +7,11 @@ feeding it writes to (both sides of a join, every stream of a union). A stage
 holds every stateless operator reachable from its head without crossing
 another stateful operator; the ``key_by`` nodes it reaches are its *exits*.
 An operator downstream of a union of streams from two stages runs in both.
-Topic names derive from the job id and operator ids, so every instance of a
-job agrees on them.
+Topic names derive from the job id and the stateful operators' ids, which do
+not count operators (:mod:`~stream_assets.plan.names`), so every instance of
+a job agrees on them and an unrelated edit leaves them as they are; a job
+first run by the previous release keeps its positional names
+(``kept_topics``, :mod:`~stream_assets.control.upgrade`).
 
 Records carry their *origin*: the upstream stage's queue (an origin id, see
 :func:`origin_id`), an offset and a sub-index. A keyed stage de-duplicates and
@@ -19,14 +22,16 @@ Example::
     >>> from stream_assets.examples import wordcount
     >>> t = wordcount.build("wc", "lines", "counts")
     >>> [(s.index, s.input_topic) for s in t.stages]
-    [(0, 'lines'), (1, 'wc__shuffle__key_by-2')]
-    >>> t.stages[0].exits[0].topic, t.stages[1].upstreams
-    ('wc__shuffle__key_by-2', (0,))
+    [(0, 'lines'), (1, 'wc__shuffle__aggregate')]
+    >>> t.stages[0].exits[0].topic, t.stages[1].state_topic, t.stages[1].upstreams
+    ('wc__shuffle__aggregate', 'wc__state__aggregate', (0,))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from stream_assets.operators.aggregates import is_decomposable
@@ -135,10 +140,48 @@ class Topology:
 
     job_id: str
     nodes: tuple[n.Node, ...]
+    #: Topics an earlier version of the job named otherwise, kept: stateful operator id ->
+    #: (shuffle topic, state topic). The others follow the operators' ids.
+    kept_topics: Mapping[str, tuple[str, str]] = field(
+        default_factory=dict, compare=False, hash=False
+    )
     stages: tuple[Stage, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stages", tuple(_cut(self.job_id, self.nodes)))
+        object.__setattr__(
+            self, "stages", tuple(_cut(self.job_id, self.nodes, dict(self.kept_topics)))
+        )
+
+    def renamed(
+        self, ids: Mapping[str, str], kept_topics: Mapping[str, tuple[str, str]]
+    ) -> Topology:
+        """This topology with operators renamed (``ids``: id now -> id to use) and the
+        topics of ``kept_topics`` (by the id to use) kept, beside those it kept already.
+
+        >>> from stream_assets.examples import wordcount
+        >>> old = wordcount.build("wc").renamed(
+        ...     {"aggregate": "aggregate-3"},
+        ...     {"aggregate-3": ("wc__shuffle__key_by-2", "wc__state__aggregate-3")})
+        >>> old.stages[1].head.op_id, old.stages[1].input_topic, old.stages[1].state_topic
+        ('aggregate-3', 'wc__shuffle__key_by-2', 'wc__state__aggregate-3')
+        """
+
+        def renamed(node: n.Node) -> n.Node:
+            return dataclasses.replace(
+                node,
+                op_id=ids.get(node.op_id, node.op_id),
+                inputs=tuple(ids.get(i, i) for i in node.inputs),
+            )
+
+        kept = {ids.get(op, op): topics for op, topics in self.kept_topics.items()}
+        return Topology(
+            self.job_id, tuple(renamed(x) for x in self.nodes), kept | dict(kept_topics)
+        )
+
+    @property
+    def stateful_heads(self) -> tuple[n.Stateful, ...]:
+        """The stateful operators, in plan order."""
+        return tuple(s.head for s in self.stages if s.head is not None)
 
     @property
     def source_stages(self) -> tuple[Stage, ...]:
@@ -190,17 +233,18 @@ class Topology:
         raise ValueError(f"no stage of {self.job_id} reads {topic!r}")
 
 
-def shuffle_topic(job_id: str, key_by: n.KeyBy) -> str:
-    """The shuffle topic named after a key_by (a head's first)."""
-    return f"{job_id}__shuffle__{key_by.op_id}"
+def shuffle_topic(job_id: str, op_id: str) -> str:
+    """The shuffle topic named after ``op_id``: a stateful operator's (every key_by feeding
+    it writes there), or for the previous release, its first key_by's."""
+    return f"{job_id}__shuffle__{op_id}"
 
 
-def state_topic(job_id: str, head: n.Stateful) -> str:
-    """The state (changelog) topic of a stateful operator."""
-    return f"{job_id}__state__{head.op_id}"
+def state_topic(job_id: str, op_id: str) -> str:
+    """The state (changelog) topic of the stateful operator ``op_id``."""
+    return f"{job_id}__state__{op_id}"
 
 
-def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
+def _cut(job_id: str, nodes: tuple[n.Node, ...], kept: dict[str, tuple[str, str]]) -> list[Stage]:
     by_id = {node.op_id: node for node in nodes}
     children: dict[str, list[str]] = {node.op_id: [] for node in nodes}
     for node in nodes:
@@ -229,9 +273,10 @@ def _cut(job_id: str, nodes: tuple[n.Node, ...]) -> list[Stage]:
         feeders = [by_id[i] for i in head.inputs]
         if not feeders or not all(isinstance(f, n.KeyBy) for f in feeders):
             raise ValueError(f"{job_id}: {head.op_id} needs a key_by before it")
-        input_of[head.op_id] = shuffle_topic(job_id, feeders[0])  # type: ignore[arg-type]
+        earlier = kept.get(head.op_id)
+        input_of[head.op_id] = earlier[0] if earlier else shuffle_topic(job_id, head.op_id)
     stages = [
-        _stage(job_id, index, head, nodes, by_id, children, input_of)
+        _stage(job_id, index, head, nodes, by_id, children, input_of, kept)
         for index, head in enumerate(heads)
     ]
     by_topic = {s.input_topic: s.index for s in stages}
@@ -252,6 +297,7 @@ def _stage(
     by_id: dict[str, n.Node],
     children: dict[str, list[str]],
     input_of: dict[str, str],
+    kept: dict[str, tuple[str, str]],
 ) -> Stage:
     """The stage ``head`` starts: every node it reaches up to the next key_by (an exit)."""
     stage_nodes: dict[str, n.Node] = {}
@@ -285,8 +331,12 @@ def _stage(
         nodes=ordered,
         children=edges,
         exits=tuple(exits),
-        state_topic=state_topic(job_id, stateful) if stateful else None,
+        state_topic=None if stateful is None else _state_topic_of(job_id, stateful, kept),
     )
+
+
+def _state_topic_of(job_id: str, head: n.Stateful, kept: dict[str, tuple[str, str]]) -> str:
+    return kept[head.op_id][1] if head.op_id in kept else state_topic(job_id, head.op_id)
 
 
 def _exit(

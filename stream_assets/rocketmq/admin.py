@@ -244,6 +244,21 @@ class RocketMQAdmin:
             )
             self._check(reply, f"store name server KV {namespace}/{key} on {addr}")
 
+    def delete_kv(self, namespace: str, key: str) -> None:
+        """Remove a value from every name server (absent already: nothing to do)."""
+        for addr in self.settings.namesrv_addrs:
+            reply = self._pool.get(addr, "name server").call(
+                RequestCode.DELETE_KV_CONFIG, {"namespace": namespace, "key": key}
+            )
+            self._check(reply, f"delete name server KV {namespace}/{key} on {addr}")
+
+    def topic_names(self) -> set[str]:
+        """Every topic the name server knows (system topics included)."""
+        reply = self._namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, {})
+        self._check(reply, "topic list")
+        data = cast(dict[str, Any], parse_fastjson(reply.body))
+        return {str(t) for t in data.get("topicList", [])}
+
     def topic_exists(self, topic: str) -> bool:
         """Whether the name server knows a route for ``topic``."""
         try:

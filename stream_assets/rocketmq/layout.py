@@ -129,8 +129,8 @@ def current_layout(admin: LayoutSource, topic: str) -> TopicLayout:
 
     Example::
 
-        >>> current_layout(admin, "wordcount__state__aggregate-3").queue(2)  # doctest: +SKIP
-        MessageQueue(topic='wordcount__state__aggregate-3', broker_name='broker-a', queue_id=2)
+        >>> current_layout(admin, "wordcount__state__aggregate").queue(2)  # doctest: +SKIP
+        MessageQueue(topic='wordcount__state__aggregate', broker_name='broker-a', queue_id=2)
     """
     stored = admin.get_kv(LAYOUT_NAMESPACE, topic)
     if stored is not None:

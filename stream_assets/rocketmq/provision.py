@@ -22,7 +22,7 @@ Example::
 
     >>> with RocketMQAdmin(settings) as admin:  # doctest: +SKIP
     ...     topics = provision_topics(admin, wordcount.build(), EngineSettings(), print)
-    creating topic wordcount__shuffle__key_by-2 (8 queues)
+    creating topic wordcount__shuffle__aggregate (8 queues)
     ...
     >>> topics.source_queues  # doctest: +SKIP
     {'lines': (0, 1, 2, 3)}
@@ -30,10 +30,16 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from stream_assets.plan.topology import Topology
+from stream_assets.plan.upgrade import (
+    TOPOLOGY_NAMESPACE,
+    UpgradePlan,
+    plan_upgrade,
+    read_record,
+)
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
@@ -90,8 +96,8 @@ def topic_queue_counts(topology: Topology, engine: EngineSettings) -> dict[str, 
         >>> engine = EngineSettings(shuffle_queues=4, sink_queues=2)
         >>> for topic, queues in topic_queue_counts(wordcount.build(), engine).items():
         ...     print(topic, queues)
-        wordcount__shuffle__key_by-2 4
-        wordcount__state__aggregate-3 4
+        wordcount__shuffle__aggregate 4
+        wordcount__state__aggregate 4
         wordcount-out 2
         wordcount__dead-letters 1
     """
@@ -101,6 +107,58 @@ def topic_queue_counts(topology: Topology, engine: EngineSettings) -> dict[str, 
         wanted.setdefault(topic, engine.sink_queues)
     wanted.setdefault(topology.dead_letter_topic, 1)
     return wanted
+
+
+def upgrade_topology(
+    admin: RocketMQAdmin,
+    topology: Topology,
+    progress: Callable[[str], None] | None = None,
+    accepted: Collection[str] = (),
+) -> UpgradePlan:
+    """An instance's start: compare ``topology`` with what the job ran last (its record on
+    the name server), refuse or record it (:mod:`~stream_assets.plan.upgrade`).
+
+    Raises :class:`~stream_assets.plan.upgrade.UpgradeRefusedError` naming each operator
+    that cannot carry its state over and what to do; otherwise stores the record and
+    returns the plan, whose ``topology`` names the topics (and ids) the job runs under.
+    ``accepted``: operators whose state :func:`~stream_assets.control.upgrade.drop_state`
+    emptied.
+
+    Example::
+
+        >>> plan = upgrade_topology(admin, topology, print)  # doctest: +SKIP
+        wordcount: state carried over for aggregate
+        >>> plan.topology.stages[1].state_topic  # doctest: +SKIP
+        'wordcount__state__aggregate'
+    """
+    plan = plan_topology_upgrade(admin, topology, accepted)
+    if progress is not None and not plan.first:
+        progress(plan.describe())
+    plan.refuse_if_needed()
+    encoded = plan.record.encode()
+    if admin.get_kv(TOPOLOGY_NAMESPACE, topology.job_id) != encoded:
+        admin.put_kv(TOPOLOGY_NAMESPACE, topology.job_id, encoded)
+    return plan
+
+
+def plan_topology_upgrade(
+    admin: RocketMQAdmin, topology: Topology, accepted: Collection[str] = ()
+) -> UpgradePlan:
+    """What starting ``topology`` would do with the job's state; reads, changes nothing.
+
+    The control plane runs a topology as its ``.topology`` (the topics and ids the job
+    runs under); a job that starts it (a scale, a start) refuses first if it has problems.
+    """
+    previous = read_record(admin.get_kv, topology.job_id)
+    prefix = f"{topology.job_id}__state__"
+    job_state = (
+        {t for t in admin.topic_names() if t.startswith(prefix)} if previous is None else set()
+    )
+
+    def exists(topic: str) -> bool:
+        return admin.topic_exists(topic) or admin.get_kv(LAYOUT_NAMESPACE, topic) is not None
+
+    return plan_upgrade(topology, previous, exists, accepted, job_state)
 
 
 def provision_topics(

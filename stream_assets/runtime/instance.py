@@ -41,7 +41,7 @@ from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundError
 from stream_assets.rocketmq.layout import TopicLayout
-from stream_assets.rocketmq.provision import provision_topics
+from stream_assets.rocketmq.provision import provision_topics, upgrade_topology
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.class_archive import archive_path as class_archive_path
 from stream_assets.runtime.class_archive import with_archive
@@ -146,7 +146,6 @@ class Instance:
         busy: Busy = _unwatched,
         index: int = 0,
     ) -> None:
-        self.topology = topology
         #: Which instance of the topology this is: its metrics label and endpoint port.
         self.index = index
         self.group = group or topology.job_id
@@ -160,15 +159,9 @@ class Instance:
         #: instance run's heartbeat says what it is busy with and since when:
         #: under load one query start can take a minute and more.
         self.busy = busy
-        self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
-        #: The same numbers for Prometheus, per queue: fed where ``metrics`` is (:meth:`_record`).
-        self.prometheus = PrometheusExporter(topology, index, generation)
+        self._adopt(topology)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        #: The stages each Spark query runs: all in one, or one query per stage.
-        self._query_stages: list[tuple[Stage, ...]] = (
-            [(s,) for s in topology.stages] if engine.query_per_stage else [topology.stages]
-        )
         #: The running queries, one per entry of ``_query_stages`` (while running).
         self._queries: list[Any] = []
         self._restarts = [RestartBudget() for _ in self._query_stages]
@@ -189,6 +182,17 @@ class Instance:
         #: Who commits state: recorded with every changelog write of this instance.
         self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
 
+    def _adopt(self, topology: Topology) -> None:
+        """Run ``topology``: as built, then as the job's record names its topics."""
+        self.topology = topology
+        self.metrics: dict[int, StageMetrics] = {s.index: StageMetrics() for s in topology.stages}
+        #: The same numbers for Prometheus, per queue: fed where ``metrics`` is (:meth:`_record`).
+        self.prometheus = PrometheusExporter(topology, self.index, self.generation)
+        #: The stages each Spark query runs: all in one, or one query per stage.
+        self._query_stages: list[tuple[Stage, ...]] = (
+            [(s,) for s in topology.stages] if self.engine.query_per_stage else [topology.stages]
+        )
+
     @property
     def _admin(self) -> RocketMQAdmin:
         if self._admin_obj is None:
@@ -196,6 +200,13 @@ class Instance:
         return self._admin_obj
 
     # -- topics ------------------------------------------------------------
+
+    def upgrade(self) -> None:
+        """Compare the topology with what the job ran last: carry its state over under the
+        topics it had, or raise :class:`~stream_assets.plan.upgrade.UpgradeRefusedError`
+        saying what changed and what to do (:mod:`~stream_assets.plan.upgrade`)."""
+        plan = upgrade_topology(self._admin, self.topology, self.progress)
+        self._adopt(plan.topology)
 
     def prepare_topics(self) -> None:
         """Check the source exists; create shuffle, state, sink, dead-letter topics if missing."""
@@ -275,6 +286,7 @@ class Instance:
         ``run_queries=False`` only warms up (topics, SparkSession, shipped code):
         an instance that takes queues over later, with :meth:`reassign`.
         """
+        self.upgrade()
         self.check_credentials()
         self.prepare_topics()
         self._spark = self._session()
@@ -764,6 +776,59 @@ class Instance:
                 raise TimeoutError(
                     f"{self.topology.job_id}: still lagging after {timeout_s}s: {lag}"
                 )
+            time.sleep(poll_s)
+
+    def stop_sources(self) -> None:
+        """Stop reading the source topics and go on reading this instance's shuffle queues:
+        the first step of a drain (the batch in flight finishes first)."""
+        keyed: dict[str, list[int]] = {}
+        for stage in self.topology.stages:
+            queues = self._queues_of(stage.input_topic)
+            if stage.source is not None:
+                keyed[stage.input_topic] = []
+            else:
+                every = list(range(len(self._layouts[stage.input_topic])))
+                keyed[stage.input_topic] = every if queues is None else queues
+        self.reassign(keyed, self.generation)
+
+    def shuffle_backlog(self) -> int:
+        """Messages of the topology's shuffle topics its group has not committed, over every
+        queue (every instance's), as the broker has them now."""
+        admin, backlog = self._admin, 0
+        for topic in self.topology.shuffle_topics:
+            layout = self._layouts.get(topic) or TopicLayout.of(admin.queues(topic))
+            queues = [layout.queue(i) for i in range(len(layout))]
+            committed = admin.group_offsets(self.group, topic, queues)
+            ranges = admin.topic_offsets(topic, queues)
+            for q in queues:
+                floor = committed[q]
+                backlog += max(
+                    0, ranges[q].max_offset - (ranges[q].min_offset if floor is None else floor)
+                )
+        return backlog
+
+    def await_shuffles_consumed(
+        self,
+        timeout_s: float,
+        others_stopped: Callable[[], bool] = lambda: True,
+        poll_s: float = 0.5,
+    ) -> int:
+        """After :meth:`stop_sources`: wait until ``others_stopped()`` (no instance of the
+        topology reads a source any more) and every shuffle topic is consumed, twice in a
+        row; returns what is left unread (0, or the backlog when ``timeout_s`` ran out:
+        it stays in the shuffle topics for the next start)."""
+        deadline = time.monotonic() + timeout_s
+        quiet = 0
+        while True:
+            self.check_failed()
+            try:
+                self.commit_waiting()
+                backlog = self.shuffle_backlog()
+            except TRANSIENT:  # a restarting broker: not drained yet
+                backlog = -1
+            quiet = quiet + 1 if backlog == 0 and others_stopped() else 0
+            if quiet == 2 or time.monotonic() > deadline:
+                return max(backlog, 0) if quiet == 2 else max(backlog, 1)
             time.sleep(poll_s)
 
     def stop_queries(self, timeout_s: float = 120.0) -> None:

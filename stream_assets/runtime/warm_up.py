@@ -15,9 +15,9 @@ restores from the latest snapshot (:func:`~stream_assets.state.restore.ensure_cu
 
 Example::
 
-    >>> done = warm_queues(topology, [("wordcount__shuffle__key_by-2", 3)], state_dir,
+    >>> done = warm_queues(topology, [("wordcount__shuffle__aggregate", 3)], state_dir,
     ...                    admin, reader, progress=print)  # doctest: +SKIP
-    warmed wordcount__state__aggregate-3[3]: 1204 keys, seq 57 in 0.41s
+    warmed wordcount__state__aggregate[3]: 1204 keys, seq 57 in 0.41s
     >>> done[0].result.keys  # doctest: +SKIP
     1204
 """
@@ -57,7 +57,7 @@ def stateful_stages(topology: Topology) -> dict[str, Stage]:
 
         >>> from stream_assets.examples import wordcount
         >>> {t: s.state_topic for t, s in stateful_stages(wordcount.build()).items()}
-        {'wordcount__shuffle__key_by-2': 'wordcount__state__aggregate-3'}
+        {'wordcount__shuffle__aggregate': 'wordcount__state__aggregate'}
     """
     return {s.input_topic: s for s in topology.stages if s.head is not None and s.state_topic}
 
@@ -92,7 +92,7 @@ def warm_queues(
 
     Example::
 
-        >>> warm_queues(topology, [("wordcount__shuffle__key_by-2", 3)], root, admin,
+        >>> warm_queues(topology, [("wordcount__shuffle__aggregate", 3)], root, admin,
         ...             reader, print)  # doctest: +SKIP
     """
     say = progress or (lambda _line: None)

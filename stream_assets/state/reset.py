@@ -15,7 +15,7 @@ which is how a store's catch-up recognises it is not part of its own history
 
 Example::
 
-    >>> queue = state_queue(admin, "wordcount__state__aggregate-3", 2)  # doctest: +SKIP
+    >>> queue = state_queue(admin, "wordcount__state__aggregate", 2)  # doctest: +SKIP
     >>> head = inspect_state_queue(admin, reader, queue)  # doctest: +SKIP
     >>> head.end, head.seq, head.empty  # doctest: +SKIP
     (57, 40, False)

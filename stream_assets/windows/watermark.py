@@ -120,6 +120,18 @@ class WatermarkTracker:
         """
         self._origins.setdefault(origin, None)
 
+    def retain(self, origins: Collection[int]) -> None:
+        """Forget origins not in ``origins``: an upstream an upgraded topology no longer has
+        (or numbers otherwise) must not hold the watermark back for ever.
+
+        >>> t = WatermarkTracker(allowed_lateness_ms=0)
+        >>> t.observe(origin=1, event_time=5); t.observe(origin=2, event_time=9)
+        >>> t.retain([2]); t.origins()
+        (2,)
+        """
+        for origin in [o for o in self._origins if o not in origins]:
+            del self._origins[origin]
+
     def observe(self, origin: int, event_time: int) -> None:
         """Record that a record from source queue ``origin`` with ``event_time`` arrived."""
         seen = self._origins.get(origin)

@@ -374,3 +374,32 @@ def test_a_canceling_run_is_never_doubled(env: Env, admin: RocketMQAdmin) -> Non
     replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=target.run_id)
     assert [r.run_id for r in _unfinished(env)] == [replacement.run_id]
     env.feed(2, 500)
+
+
+def _shuffle_backlog(env: Env, admin: RocketMQAdmin) -> int:
+    """Shuffle messages the topology's group has not committed, over every queue."""
+    topology = REGISTRY[env.name].topology()
+    return sum(
+        admin.max_offset(q) - (admin.query_consumer_offset(env.name, q) or 0)
+        for topic in topology.shuffle_topics
+        for q in admin.queues(topic)
+    )
+
+
+def test_a_drained_stop_leaves_nothing_in_the_shuffle_and_a_start_resumes(
+    env: Env, admin: RocketMQAdmin, report: Any
+) -> None:
+    """Stopped with ``drain: true`` right after input arrived: the instance stops reading the
+    source, exits only once the shuffle is consumed; the start reads the rest."""
+    _await_beating(env, 0, "instance 0 heartbeating")
+    env.feed(8, 3000)
+    _job("stop_topology_job", env.instance, topology=env.name, drain=True)
+    assert not _unfinished(env)
+    assert _shuffle_backlog(env, admin) == 0
+    source_left = sum(
+        admin.max_offset(q) - (admin.query_consumer_offset(env.name, q) or 0)
+        for q in admin.queues(env.source)
+    )
+    _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
+    _counts_exact(env, admin, "after a drained stop and a start")
+    report(f"drained stop: shuffle consumed, {source_left} source messages left for the start")

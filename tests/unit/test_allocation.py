@@ -99,11 +99,11 @@ def test_more_instances_than_queues_leaves_instances_idle() -> None:
 def test_topology_queues_cover_source_and_shuffle_topics() -> None:
     t = windowed_sum.build()
     queues = topology_queues(t, [0, 1, 2, 3], shuffle_queues=8)
-    assert queues == {"events": [0, 1, 2, 3], "windowed-sum__shuffle__key_by-2": list(range(8))}
+    assert queues == {"events": [0, 1, 2, 3], "windowed-sum__shuffle__aggregate": list(range(8))}
     a = allocate(queues, 2)
     assert a.for_instance(1) == {
         "events": [2, 3],
-        "windowed-sum__shuffle__key_by-2": [4, 5, 6, 7],
+        "windowed-sum__shuffle__aggregate": [4, 5, 6, 7],
     }
 
 
@@ -223,7 +223,7 @@ def test_generation_advances_and_can_be_pinned() -> None:
 
 
 def test_json_round_trip() -> None:
-    a = allocate({"wordcount__shuffle__key_by-2": list(range(8)), "sourceTopic": [0, 1]}, 3)
+    a = allocate({"wordcount__shuffle__aggregate": list(range(8)), "sourceTopic": [0, 1]}, 3)
     text = a.to_json()
     assert Allocation.from_json(text) == a
     assert '"generation":1' in text
@@ -262,7 +262,7 @@ def test_wordcount_allocation_feeds_instance_assignment() -> None:
     share = a.for_instance(0)
     # Instance(assignment=...) reads exactly these topics: every stage's input.
     assert set(share) == {s.input_topic for s in t.stages}
-    assert share == {"sourceTopic": [0, 1], "wordcount__shuffle__key_by-2": [0, 1, 2, 3]}
+    assert share == {"sourceTopic": [0, 1], "wordcount__shuffle__aggregate": [0, 1, 2, 3]}
 
 
 def test_assigns_is_exact_ownership_of_an_instance_share() -> None:

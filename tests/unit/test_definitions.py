@@ -58,14 +58,14 @@ def test_wordcount_and_windowed_sum_lineage() -> None:
     expected_edges = {
         # child: parents
         J("wordcount"): {T("sourceTopic")},
-        T("wordcount__shuffle__key_by-2"): {J("wordcount")},
-        T("wordcount__state__aggregate-3"): {J("wordcount")},
+        T("wordcount__shuffle__aggregate"): {J("wordcount")},
+        T("wordcount__state__aggregate"): {J("wordcount")},
         T("wordcount-out"): {J("wordcount")},
         T("wordcount__dead-letters"): {J("wordcount")},
         T("sourceTopic"): set(),
         J("windowed-sum"): {T("events")},
-        T("windowed-sum__shuffle__key_by-2"): {J("windowed-sum")},
-        T("windowed-sum__state__aggregate-3"): {J("windowed-sum")},
+        T("windowed-sum__shuffle__aggregate"): {J("windowed-sum")},
+        T("windowed-sum__state__aggregate"): {J("windowed-sum")},
         T("windowed-sum-out"): {J("windowed-sum")},
         T("windowed-sum-late"): {J("windowed-sum")},
         T("windowed-sum__dead-letters"): {J("windowed-sum")},

@@ -39,7 +39,7 @@ def instance(dagster_home: Path) -> Iterator[dg.DagsterInstance]:
 def test_desired_state_round_trips(instance: dg.DagsterInstance) -> None:
     store = DesiredStateStore(instance)
     assert store.get("wordcount") is None
-    a = allocate({"sourceTopic": [0, 1, 2, 3], "wordcount__shuffle__key_by-2": list(range(8))}, 3)
+    a = allocate({"sourceTopic": [0, 1, 2, 3], "wordcount__shuffle__aggregate": list(range(8))}, 3)
     store.set("wordcount", DesiredState(3, a))
     got = store.get("wordcount")
     assert got == DesiredState(3, a)

@@ -15,8 +15,8 @@ from stream_assets.runtime.warm_up import stateful_stages, warm_queues
 from stream_assets.state.restore import RestoreResult
 from stream_assets.state.store import QueueStateStore
 
-SHUFFLE = "wordcount__shuffle__key_by-2"
-STATE = "wordcount__state__aggregate-3"
+SHUFFLE = "wordcount__shuffle__aggregate"
+STATE = "wordcount__state__aggregate"
 
 
 def test_warm_up_catches_up_stateful_queues_and_leaves_held_ones_to_their_owner(

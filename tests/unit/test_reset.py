@@ -121,7 +121,13 @@ class FakeBroker(ImmediateSender):
     # -- admin ---------------------------------------------------------------
 
     def get_kv(self, namespace: str, key: str) -> None:
-        return None  # no stored layouts: one broker, queue index == queue id
+        return None  # no stored layouts or records: one broker, queue index == queue id
+
+    def topic_names(self) -> set[str]:
+        return set(self.queue_counts)
+
+    def topic_exists(self, topic: str) -> bool:
+        return topic in self.queue_counts
 
     def queues(self, topic: str) -> list[MessageQueue]:
         if topic not in self.queue_counts:

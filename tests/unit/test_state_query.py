@@ -62,7 +62,13 @@ class BrokerView:
         self.read_queues: set[tuple[str, int]] = set()
 
     def get_kv(self, namespace: str, key: str) -> None:
-        return None  # no stored layouts: one broker, queue index == queue id
+        return None  # no stored layouts or records: one broker, queue index == queue id
+
+    def topic_names(self) -> set[str]:
+        return set(self.broker.topics)
+
+    def topic_exists(self, topic: str) -> bool:
+        return topic in self.broker.topics
 
     def queues(self, topic: str) -> list[MessageQueue]:
         if topic not in self.broker.topics:
@@ -296,7 +302,7 @@ def registered_driver(
 
 def test_cli_parses_state_get() -> None:
     args = cli.build_parser().parse_args(
-        ["state", "get", "wc", "7", "--json", "--window", "0,10", "--operator", "aggregate-3"]
+        ["state", "get", "wc", "7", "--json", "--window", "0,10", "--operator", "aggregate"]
     )
     assert (args.action, args.topology, args.key, args.json, args.window, args.operator) == (
         "get",
@@ -304,7 +310,7 @@ def test_cli_parses_state_get() -> None:
         "7",
         True,
         "0,10",
-        "aggregate-3",
+        "aggregate",
     )
     plain = cli.build_parser().parse_args(["state", "get", "wc", "the"])
     assert (plain.json, plain.window, plain.operator) == (False, None, None)

@@ -683,7 +683,7 @@ def _error(result: dg.ExecuteInProcessResult) -> str:
 @pytest.fixture
 def wordcount(instance: dg.DagsterInstance) -> str:
     """The registered wordcount topology, deployed with 2 instances (no runs)."""
-    queues = {"sourceTopic": [0, 1, 2, 3], "wordcount__shuffle__key_by-2": list(range(8))}
+    queues = {"sourceTopic": [0, 1, 2, 3], "wordcount__shuffle__aggregate": list(range(8))}
     DesiredStateStore(instance).set("wordcount", DesiredState(2, allocate(queues, 2)))
     return "wordcount"
 

@@ -28,8 +28,8 @@ from stream_assets.rocketmq.provision import (
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 ENGINE = EngineSettings(shuffle_queues=4, sink_queues=2)
-SHUFFLE = "wordcount__shuffle__key_by-2"
-STATE = "wordcount__state__aggregate-3"
+SHUFFLE = "wordcount__shuffle__aggregate"
+STATE = "wordcount__state__aggregate"
 
 
 class FakeAdmin:
