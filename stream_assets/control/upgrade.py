@@ -4,8 +4,8 @@ A start refuses a change that would lose or misread state
 (:mod:`~stream_assets.plan.upgrade`). The user's way through is to name the
 operators whose state may go (``stream-assets upgrade <job> --drop-state NAME``,
 or the Dagster job ``upgrade_job``), with the topology stopped (drained first
-if its shuffle topics may hold records in flight: ``stream-assets stop <job>
---drain``). :func:`apply_upgrade` then:
+if its shuffle topics may hold records in flight: ``stop_topology_job`` with
+``drain: true``). :func:`apply_upgrade` then:
 
 1. plans the start with those operators accepted and refuses on anything else;
 2. empties the state of each accepted operator that keeps its topics (a changed

@@ -338,8 +338,8 @@ def _maybe_renamed(
 def _drop_hint(job: str, name: str) -> str:
     return (
         f"to start it empty, drop its state with `stream-assets upgrade {job} --drop-state "
-        f"{name}` (or the Dagster job upgrade_job), after draining the running version "
-        f"(`stream-assets stop {job} --drain`)"
+        f"{name} --yes` (or the Dagster job upgrade_job), with the old version stopped "
+        "(stop_topology_job with drain: true first, so nothing it sent is left unapplied)"
     )
 
 

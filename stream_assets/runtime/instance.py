@@ -654,10 +654,14 @@ class Instance:
             wanted = self._queues_of(stage.input_topic)
             indices = range(len(layout)) if wanted is None else wanted
             queues = [layout.queue(i) for i in indices]
+            # What the broker acknowledged before it is asked: a commit landing while it
+            # answers is no loss (the broker may answer from before it).
+            with self._commit_lock:
+                acknowledged = dict(self._committed)
             # Committed offsets before the ends: the lag may overstate, never understate,
             # so 0 means everything the queue held was committed.
             committed = admin.group_offsets(self.group, stage.input_topic, queues)
-            self._commit_again_if_lost(committed)
+            self._commit_again_if_lost(committed, acknowledged)
             ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
             for q in queues:
@@ -669,8 +673,14 @@ class Instance:
         self.prometheus.record_lag(out)
         return out
 
-    def _commit_again_if_lost(self, committed: dict[MessageQueue, int | None]) -> None:
+    def _commit_again_if_lost(
+        self, committed: dict[MessageQueue, int | None], acknowledged: dict[MessageQueue, int]
+    ) -> None:
         """Commit again, with the next commit, any offset of ours the broker no longer has.
+
+        ``committed``: the broker's answer; ``acknowledged``: our offsets it had
+        acknowledged before it was asked (a commit made meanwhile, which its answer
+        may not show yet, is not taken for a loss).
 
         A master killed before it flushed its consumer offsets (RocketMQ: every
         5 s) restarts with older ones. Nothing else would commit those queues
@@ -681,9 +691,9 @@ class Instance:
         """
         with self._commit_lock:
             lost = {
-                q: ours
+                q: self._committed.get(q, ours)  # the newest of ours, if one came since
                 for q, on_broker in committed.items()
-                if (ours := self._committed.get(q)) is not None
+                if (ours := acknowledged.get(q)) is not None
                 and (on_broker is None or on_broker < ours)
                 and q not in self._deferred
             }

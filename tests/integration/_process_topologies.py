@@ -37,14 +37,28 @@ def dedup_and_sessions(
     """
     builder = StreamBuilder(job_id)
     events = builder.source(source, json_deserializer).select_timestamp("t")
+    # The producer pauses while the instance catches up: its references let the watermark
+    # alone move time, so that pause must not count as the sources going idle (which
+    # would fire every pending timer: docs/writing-topologies.md, "Idle sources").
+    idle_s = 3_600
     (
         events.key_by("id")
-        .process(FirstWithin(horizon_ms), ttl=2 * horizon_ms / 1000, water_mark=lateness_s)
+        .process(
+            FirstWithin(horizon_ms),
+            ttl=2 * horizon_ms / 1000,
+            water_mark=lateness_s,
+            idle_timeout=idle_s,
+        )
         .sink(unique_sink)
     )
     (
         events.key_by("device")
-        .process(ActivitySessions(gap_ms), ttl=session_ttl_s, water_mark=lateness_s)
+        .process(
+            ActivitySessions(gap_ms),
+            ttl=session_ttl_s,
+            water_mark=lateness_s,
+            idle_timeout=idle_s,
+        )
         .sink(session_sink)
     )
     return builder.build()

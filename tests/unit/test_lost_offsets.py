@@ -80,3 +80,33 @@ def test_an_offset_the_broker_has_beyond_ours_is_left_alone() -> None:
     broker.commits.clear()
     inst.lag()
     assert inst.commit_waiting() == 0 and broker.commits == [] and said == []
+
+
+def test_a_commit_landing_while_the_broker_answers_is_no_loss() -> None:
+    """The lag reader asks the broker outside the commit lock: a batch's commit that lands
+    between the broker's answer and the comparison must not look like a master that lost
+    offsets (a false warning seen in production-shaped runs)."""
+    inst, broker, source, said = _instance()
+    inst._commit_offsets({q: 5 for q in source})
+    answer = broker.group_offsets
+
+    def answer_then_commit(
+        group: str, topic: str, queues: list[MessageQueue]
+    ) -> dict[MessageQueue, int | None]:
+        stale = answer(group, topic, queues)  # the broker answers from before ...
+        if topic == source[0].topic:
+            inst._commit_offsets({q: 9 for q in source})  # ... a commit that then lands
+        return stale
+
+    broker.group_offsets = answer_then_commit  # type: ignore[method-assign]
+    broker.commits.clear()
+    inst.lag()
+    assert said == [] and inst.commit_waiting() == 0
+    assert broker.commits == [{q: 9 for q in source[:2]}, {q: 9 for q in source[2:]}]
+    # A real loss after that is still found, and the newest offset is what goes again.
+    broker.group_offsets = answer  # type: ignore[method-assign]
+    broker.committed[source[0]] = 2
+    inst.lag()
+    assert "lost the committed offsets of 1 queues" in said[-1]
+    broker.commits.clear()
+    assert inst.commit_waiting() == 0 and broker.commits == [{source[0]: 9}]
