@@ -154,7 +154,7 @@ class DesiredStateStore:
         True
         >>> store.set("wordcount", DesiredState(3))
         >>> store.get("wordcount")
-        DesiredState(target_instances=3, allocation=None, paused=False, phase='run')
+        DesiredState(target_instances=3, allocation=None, paused=False, phase='run', drain=False)
     """
 
     def __init__(self, instance: dg.DagsterInstance) -> None:

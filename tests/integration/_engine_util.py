@@ -3,18 +3,19 @@
 Also :func:`totals_topology`, the plain keyed sum several test modules run.
 
 No test logic and no reference answers live here: the tests compute those
-themselves from the input they generate.
+themselves from the input they generate. How a consumer reads a sink
+(``latest_by_message_key``, ``current_results``, ``final_counts``) is
+:mod:`tests.consumer_rule`, imported here for the tests that read sinks.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
@@ -25,7 +26,10 @@ from stream_assets.rocketmq.records import Record
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
+from tests.consumer_rule import current_results, final_counts, latest_by_message_key
 from tests.integration._util import wait_for
+
+__all__ = ["current_results", "final_counts", "latest_by_message_key"]
 
 T = TypeVar("T")
 
@@ -198,43 +202,6 @@ def state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[str, list[str]
     finally:
         reader.close()
     return out
-
-
-def latest_by_message_key(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
-    """JSON bodies by the engine's message key (``record.keys[-1]``), the last stored copy
-    winning.
-
-    At-least-once sinks may store a result twice; the message key is
-    deterministic, so de-duplicating by it gives each result once (for an
-    unwindowed aggregate, each update once: the key carries its version).
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for r in records:
-        assert r.keys, f"sink message without a key at {r.topic}[{r.queue_id}]@{r.queue_offset}"
-        out[r.keys[-1]] = json.loads(r.body)
-    return out
-
-
-def current_results(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
-    """For an unwindowed sink: per result key, the body of its highest version.
-
-    What docs/guarantees.md tells a consumer: the engine's key of an update is
-    ``job/operator/<result key>/v<version>/<position>``; keep the last copy per
-    message key, and per result key the highest version is the current value.
-    """
-    best: dict[str, tuple[int, dict[str, Any]]] = {}
-    for message_key, body in latest_by_message_key(records).items():
-        result_key, version, _position = message_key.rsplit("/", 2)
-        assert version.startswith("v"), f"not an unwindowed result's key: {message_key}"
-        number = int(version[1:])
-        if result_key not in best or number > best[result_key][0]:
-            best[result_key] = (number, body)
-    return {k: body for k, (_, body) in best.items()}
-
-
-def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
-    """For an unwindowed sink: key -> ``field`` of its current (highest-version) result."""
-    return {v["key"]: v[field] for v in current_results(records).values()}
 
 
 def wait_until(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.3) -> T:

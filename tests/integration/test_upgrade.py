@@ -27,6 +27,7 @@ from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.windows import Time, TumblingWindow
+from tests.consumer_rule import version_of
 from tests.integration._engine_util import (
     BackgroundProducer,
     Message,
@@ -73,8 +74,8 @@ def _newest_versions(records: list[Any]) -> dict[str, int]:
     """Per result key (``job/op/<key>``), the highest version its messages carry."""
     out: dict[str, int] = {}
     for record in records:
-        result_key, version, _n = record.keys[-1].rsplit("/", 2)
-        out[result_key] = max(out.get(result_key, 0), int(version.removeprefix("v")))
+        result_key, version = version_of(record.keys[-1])
+        out[result_key] = max(out.get(result_key, 0), version)
     return out
 
 
@@ -82,10 +83,9 @@ def _versions_never_go_back(records: list[Any]) -> None:
     """Per result key, in the order its sink queue holds them, versions only grow."""
     seen: dict[str, int] = {}
     for record in records:
-        result_key, version, _n = record.keys[-1].rsplit("/", 2)
-        number = int(version.removeprefix("v"))
-        assert number >= seen.get(result_key, 0), (result_key, number, seen[result_key])
-        seen[result_key] = number
+        result_key, version = version_of(record.keys[-1])
+        assert version >= seen.get(result_key, 0), (result_key, version, seen[result_key])
+        seen[result_key] = version
 
 
 def _job_topics(admin: RocketMQAdmin, job: str) -> set[str]:

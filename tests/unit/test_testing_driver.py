@@ -27,6 +27,7 @@ from stream_assets.runtime.ports import Sender
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, encode_input
 from stream_assets.windows import SessionWindow, SlidingWindow, Time, TumblingWindow, Window
+from tests.consumer_rule import final_counts, version_of
 
 _VOCABULARY = ["stream", "queue", "topic", "broker", "state", "window", "Key", "COUNT", "é"]
 _SIZE = 10_000  # tumbling window size, ms
@@ -387,23 +388,7 @@ def _crash_before_commit_after_output(
 
 
 def _version(record: Record) -> tuple[str, int]:
-    """(result key part, version) of an unwindowed result's engine key
-    ``job/op/<result key>/v<version>/<position>``."""
-    prefix, version, _position = record.keys[-1].rsplit("/", 2)
-    assert version.startswith("v"), record.keys
-    return prefix, int(version[1:])
-
-
-def _current_values(records: list[Record]) -> dict[Any, Any]:
-    """What docs/guarantees.md tells a consumer of an unwindowed sink to do: per message key
-    (the last key) keep the last copy; per result key the highest version is current."""
-    by_message_key = {r.keys[-1]: r for r in records}
-    current: dict[str, tuple[int, Any]] = {}
-    for record in by_message_key.values():
-        result_key, version = _version(record)
-        if result_key not in current or version > current[result_key][0]:
-            current[result_key] = (version, json.loads(record.body))
-    return {v["key"]: v["count"] for _, v in current.values()}
+    return version_of(record.keys[-1])
 
 
 def test_unwindowed_updates_get_new_keys_and_a_replay_repeats_them(
@@ -436,7 +421,7 @@ def test_unwindowed_updates_get_new_keys_and_a_replay_repeats_them(
         assert _version(third)[1] > second["a"]
         records = driver.output_records()
         assert len({r.keys for r in records}) == len(records) - len(crashed)
-        assert _current_values(records) == {"a": 4, "b": 1, "c": 1}
+        assert final_counts(records) == {"a": 4, "b": 1, "c": 1}
 
 
 def test_a_replay_over_more_input_repeats_a_key_with_the_committed_value(
@@ -459,7 +444,7 @@ def test_a_replay_over_more_input_repeats_a_key_with_the_committed_value(
         records = driver.output_records()
         repeated = Counter(r.keys for r in records)
         assert max(repeated.values()) == 2  # the crashed attempt's keys came again
-        assert _current_values(records) == dict(expected)
+        assert final_counts(records) == dict(expected)
 
 
 @pytest.mark.parametrize("pre_combine", [True, False])

@@ -23,6 +23,7 @@ from stream_assets.operators.processor import ProcessContext, Processor, TimerCo
 from stream_assets.rocketmq.records import Record
 from stream_assets.serde import json_deserializer
 from stream_assets.testing import TopologyTestDriver
+from tests.consumer_rule import final_counts, version_of
 from tests.session_reference import sessions
 
 FLUSH_AT = 10**12  # an event time past every timer and expiry the tests set
@@ -139,24 +140,9 @@ def test_sessions_closed_by_timers_under_a_short_ttl_equal_the_reference(
         assert all(driver.state(key) is None for key in reference)
 
 
-def _version(record: Record) -> tuple[str, int]:
-    """(result key part, version) of an unwindowed result's engine key
-    ``job/op/<result key>/v<version>/<position>``."""
-    prefix, version, _position = record.keys[-1].rsplit("/", 2)
-    assert version.startswith("v"), record.keys
-    return prefix, int(version[1:])
-
-
 def _table(records: list[Record]) -> dict[str, Any]:
-    """What docs/guarantees.md tells a consumer to do: per message key keep the last copy;
-    per result key the highest version is current, and ``"expired": true`` deletes it."""
-    by_message_key = {r.keys[-1]: r for r in records}
-    current: dict[str, tuple[int, Any]] = {}
-    for record in by_message_key.values():
-        result_key, version = _version(record)
-        if result_key not in current or version > current[result_key][0]:
-            current[result_key] = (version, json.loads(record.body))
-    return {v["key"]: v["count"] for _, v in current.values() if not v.get("expired")}
+    """The sink as a consumer following docs/guarantees.md sees it (deletions applied)."""
+    return final_counts(records)
 
 
 def _counts_reference(events: list[dict[str, Any]], ttl: int, watermark: int) -> dict[str, int]:
@@ -208,7 +194,7 @@ def test_expired_counts_are_deleted_for_a_consumer_that_keeps_the_highest_versio
         # Versions of a result key only grow, in the order a sink queue holds them.
         seen: dict[str, int] = {}
         for r in records:
-            result_key, version = _version(r)
+            result_key, version = version_of(r.keys[-1])
             assert version >= seen.get(result_key, 0)
             seen[result_key] = version
         _flush(driver, "user")

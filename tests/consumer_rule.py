@@ -1,0 +1,57 @@
+"""What docs/guarantees.md tells a consumer of a sink to do, as the tests read sinks.
+
+Sinks are at least once and every message carries a deterministic key, its last
+one: keep the last copy per message key. For an unwindowed aggregate the key is
+``job/operator/<result key>/v<version>/<position>``: per result key the highest
+version is the current value, and a body with ``"expired": true`` means the key
+is gone (its TTL expired). Works on any :class:`~stream_assets.rocketmq.records.Record`
+list: the real broker's or the test driver's.
+
+    >>> from stream_assets.rocketmq.records import Record
+    >>> def msg(key: str, body: str) -> Record:
+    ...     return Record("out", 0, 0, body.encode(), keys=(key,))
+    >>> final_counts([msg("j/s/a/v1/0", '{"key": "a", "count": 1}'),
+    ...               msg("j/s/a/v3/0", '{"key": "a", "expired": true}'),
+    ...               msg("j/s/b/v2/0", '{"key": "b", "count": 4}')])
+    {'b': 4}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stream_assets.rocketmq.records import Record
+
+
+def latest_by_message_key(records: Sequence[Record]) -> dict[str, Any]:
+    """JSON bodies by the engine's message key (``record.keys[-1]``), the last copy winning."""
+    out: dict[str, Any] = {}
+    for r in records:
+        assert r.keys, f"sink message without a key at {r.topic}[{r.queue_id}]@{r.queue_offset}"
+        out[r.keys[-1]] = json.loads(r.body)
+    return out
+
+
+def version_of(message_key: str) -> tuple[str, int]:
+    """(result key part, version) of an unwindowed result's message key."""
+    result_key, version, _position = message_key.rsplit("/", 2)
+    assert version.startswith("v"), f"not an unwindowed result's key: {message_key}"
+    return result_key, int(version[1:])
+
+
+def current_results(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """For an unwindowed sink: per result key, the body of its highest version (a deletion
+    included)."""
+    best: dict[str, tuple[int, dict[str, Any]]] = {}
+    for message_key, body in latest_by_message_key(records).items():
+        result_key, number = version_of(message_key)
+        if result_key not in best or number > best[result_key][0]:
+            best[result_key] = (number, body)
+    return {k: body for k, (_, body) in best.items()}
+
+
+def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
+    """For an unwindowed sink: key -> ``field`` of its current result; deleted keys left out."""
+    return {v["key"]: v[field] for v in current_results(records).values() if not v.get("expired")}
