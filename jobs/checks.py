@@ -838,7 +838,9 @@ def build_checks_sensor(
                 for job_id in names:
                     try:
                         built = registrations[job_id].topology()
-                        topology = plan_topology_upgrade(admin, built).topology
+                        # Every tick: the topics the job runs under, no refusal to judge.
+                        view = plan_topology_upgrade(admin, built, find_unclaimed=False)
+                        topology = view.topology
                         outcomes = evaluate_topology(topology, probe, previous, current)
                     except (RocketMQError, OSError) as exc:
                         context.log.warning(f"{job_id}: checks not evaluated this tick: {exc}")

@@ -304,7 +304,7 @@ def plan_reset(
     """
     say = progress or (lambda _line: None)
     # The topics the job runs under (an earlier release's names included).
-    topology = plan_topology_upgrade(admin, topology).topology
+    topology = plan_topology_upgrade(admin, topology, find_unclaimed=False).topology
     group = group or topology.job_id
     planned_group = f"{group}-planned"
     topics: list[TopicReset] = []

@@ -345,7 +345,7 @@ def query_state(
     own_reader = reader is None
     try:
         # The topics (and ids) the job runs under: an earlier release's names included.
-        topo = plan_topology_upgrade(admin, built).topology
+        topo = plan_topology_upgrade(admin, built, find_unclaimed=False).topology
         stage = topo.stages[chosen.index]
         agg = stage.queryable
         state_topic = stage.state_topic

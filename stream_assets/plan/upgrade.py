@@ -164,6 +164,8 @@ class UpgradePlan:
     unclaimed: tuple[str, ...] = ()
     #: No record and no positional state: a job's first start.
     first: bool = False
+    #: The record the plan was made against (None: there was none).
+    previous: TopologyRecord | None = None
 
     def describe(self) -> str:
         """The plan in words, one line per kind of change."""
@@ -261,6 +263,7 @@ def plan_upgrade(
         removed=tuple(removed),
         dropped=tuple(sorted(dropped)),
         problems=tuple(problems),
+        previous=previous,
     )
 
 

@@ -135,24 +135,30 @@ def upgrade_topology(
     if progress is not None and not plan.first:
         progress(plan.describe())
     plan.refuse_if_needed()
-    encoded = plan.record.encode()
-    if admin.get_kv(TOPOLOGY_NAMESPACE, topology.job_id) != encoded:
-        admin.put_kv(TOPOLOGY_NAMESPACE, topology.job_id, encoded)
+    if plan.record != plan.previous:
+        admin.put_kv(TOPOLOGY_NAMESPACE, topology.job_id, plan.record.encode())
     return plan
 
 
 def plan_topology_upgrade(
-    admin: RocketMQAdmin, topology: Topology, accepted: Collection[str] = ()
+    admin: RocketMQAdmin,
+    topology: Topology,
+    accepted: Collection[str] = (),
+    find_unclaimed: bool = True,
 ) -> UpgradePlan:
     """What starting ``topology`` would do with the job's state; reads, changes nothing.
 
     The control plane runs a topology as its ``.topology`` (the topics and ids the job
     runs under); a job that starts it (a scale, a start) refuses first if it has problems.
+    ``find_unclaimed=False``: a view only (no refusal follows), so a job that never
+    recorded itself costs no listing of every topic on the name server.
     """
     previous = read_record(admin.get_kv, topology.job_id)
     prefix = f"{topology.job_id}__state__"
     job_state = (
-        {t for t in admin.topic_names() if t.startswith(prefix)} if previous is None else set()
+        {t for t in admin.topic_names() if t.startswith(prefix)}
+        if previous is None and find_unclaimed
+        else set()
     )
 
     def exists(topic: str) -> bool:
