@@ -34,6 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+from sqlalchemy.exc import OperationalError
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from stream_assets.control.allocation import Allocation
 
@@ -56,11 +63,29 @@ def _key(kind: str, name: str) -> str:
     return f"{key[: _MAX_KEY - len(digest) - 1]}#{digest}"
 
 
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, OperationalError) and "locked" in str(exc.orig)
+
+
+#: SQLite (the default local storage) refuses a write while another thread or process
+#: holds its lock ("database is locked", in memory "database table is locked"): a
+#: sensor tick, a heartbeat and a stop job meet there on a busy machine. The lock is
+#: held for a statement, so waiting is the fix; a stop must not fail of it.
+_while_locked = retry(
+    retry=retry_if_exception(_locked),
+    wait=wait_exponential(multiplier=0.02, max=1.0),
+    stop=stop_after_delay(60),
+    reraise=True,
+)
+
+
+@_while_locked
 def _read(instance: dg.DagsterInstance, keys: Iterable[str]) -> Mapping[str, str]:
     wanted = set(keys)
     return instance.daemon_cursor_storage.get_cursor_values(wanted) if wanted else {}
 
 
+@_while_locked
 def _write(instance: dg.DagsterInstance, key: str, value: str) -> None:
     # One pair per call: SqlRunStorage.set_cursor_values inserts all pairs and,
     # on an integrity error (any key exists), only *updates*, so in a mixed

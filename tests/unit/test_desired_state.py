@@ -5,11 +5,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 
 from stream_assets.control.allocation import allocate
 from stream_assets.control.desired_state import (
@@ -139,3 +141,43 @@ def test_invalid_desired_state_is_rejected() -> None:
         DesiredState(1, phase="dance")
     with pytest.raises(ValueError, match="format"):
         DesiredState.from_json('{"format": 99, "target_instances": 1}')
+
+
+def test_a_write_waits_out_a_table_lock_instead_of_failing() -> None:
+    # The in-memory storage (shared-cache SQLite) refuses a write at once while another
+    # connection holds kvs, "database table is locked: kvs": what failed a stop job
+    # while an instance's run reported itself. The store waits for the lock instead.
+    instance = dg.DagsterInstance.ephemeral()
+    storage = instance.daemon_cursor_storage
+    attempts: list[int] = []
+    attempted = threading.Event()
+    real_set = storage.set_cursor_values
+
+    def counted(pairs: dict[str, str]) -> None:
+        attempts.append(1)
+        if len(attempts) >= 2:
+            attempted.set()
+        real_set(pairs)
+
+    storage.set_cursor_values = counted  # type: ignore[method-assign]
+    holder = storage._engine.connect()  # type: ignore[attr-defined]
+    held = holder.begin()
+    holder.execute(sa.text("INSERT INTO kvs (key, value) VALUES ('holder', 'x')"))
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            DesiredStateStore(instance).set("wordcount", DesiredState(0))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+            attempted.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert attempted.wait(30), "the write was never retried"
+    held.commit()
+    holder.close()
+    writer.join(60)
+    assert not errors, errors
+    assert len(attempts) >= 2  # refused at least once while the lock was held
+    assert DesiredStateStore(instance).get("wordcount") == DesiredState(0)

@@ -219,13 +219,21 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate()
     config = InstanceConfig(topology="wordcount", generation=4, instance_index=1)
     lag = {"sourceTopic": {0: 2}, topology.shuffle_topics[0]: {1: 3}}
 
+    # The rate's interval lies between the two samples' brackets, however slow the
+    # machine: at least from the end of the first call to the start of the second.
+    clock: list[float] = []
+
     @dg.op
     def observe_twice(context: dg.OpExecutionContext) -> None:
+        clock.append(time.monotonic())
         _observe(context, config, fake, lag, 0.1)  # type: ignore[arg-type]
+        clock.append(time.monotonic())
         fake.metrics[0].totals["records_in"] += 400
         fake.metrics[1].totals["outputs"] += 40
-        time.sleep(0.2)
+        time.sleep(0.2)  # past the 0.1 s rate window: not a synchronisation
+        clock.append(time.monotonic())
         _observe(context, config, fake, lag, 0.1)  # type: ignore[arg-type]
+        clock.append(time.monotonic())
 
     @dg.job
     def observe_job() -> None:
@@ -239,7 +247,8 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate()
     assert "instance_1.records_per_s" not in first  # no rate from one sample: not 0
     rate = second["instance_1.records_per_s"].value
     assert isinstance(rate, float)
-    assert 400 / 0.5 < rate < 400 / 0.15, rate  # 400 records over the ~0.2 s between samples
+    first_start, first_end, second_start, second_end = clock
+    assert 400 / (second_end - first_start) <= rate <= 400 / (second_start - first_end), rate
     assert second["instance_1.records_in"].value == 400
     assert second["instance_1.lag"].value == 5 and second["instance_1.source_lag"].value == 2
     assert second["instance_1.state_bytes"].value == 4096
