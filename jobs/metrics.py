@@ -67,8 +67,9 @@ from stream_assets.control.metrics import (
 )
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG, TopologyRegistration
 from stream_assets.jobs.instance_job import INSTANCE_JOB
+from stream_assets.jobs.supervisor import serving_runs
 from stream_assets.plan.topology import Topology
-from stream_assets.settings import MetricsSettings
+from stream_assets.settings import MetricsSettings, SupervisorSettings
 
 #: Runs whose observations count: any that has not finished (a CANCELING one
 #: still finishes its batch).
@@ -88,12 +89,13 @@ OBSERVATIONS_LIMIT = 1000
 MetricsEvent = dg.AssetMaterialization | dg.AssetObservation
 
 
-def live_run_ids(instance: dg.DagsterInstance, job_id: str) -> set[str]:
-    """Ids of the unfinished instance runs of ``job_id``."""
-    runs = instance.get_runs(
-        filters=dg.RunsFilter(job_name=INSTANCE_JOB, tags={TOPOLOGY_TAG: job_id}, statuses=LIVE)
+def live_runs(instance: dg.DagsterInstance, job_id: str) -> list[dg.DagsterRun]:
+    """The unfinished instance runs of ``job_id``."""
+    return list(
+        instance.get_runs(
+            filters=dg.RunsFilter(job_name=INSTANCE_JOB, tags={TOPOLOGY_TAG: job_id}, statuses=LIVE)
+        )
     )
-    return {r.run_id for r in runs}
 
 
 def latest_reports(
@@ -146,9 +148,9 @@ def topic_users(topologies: Mapping[str, Topology]) -> dict[str, set[str]]:
     return users
 
 
-def _desired_signature(state: DesiredState) -> str:
+def _desired_signature(state: DesiredState, running: int) -> str:
     generation = None if state.allocation is None else state.allocation.generation
-    return json.dumps([state.target_instances, generation, state.phase, state.paused])
+    return json.dumps([state.target_instances, generation, state.phase, state.paused, running])
 
 
 def topology_events(
@@ -165,9 +167,13 @@ def topology_events(
     ``seen`` is its cursor entry from the previous tick (``{}`` the first time).
     """
     job_id = topology.job_id
-    run_ids = live_run_ids(instance, job_id)
+    runs = live_runs(instance, job_id)
+    run_ids = {r.run_id for r in runs}
     reports, newest = latest_reports(instance, job_id, run_ids, now - settings.stale_s)
-    signature = _desired_signature(state)
+    # Serving, not merely unfinished: a queued, starting or killed run is no running
+    # instance. Part of the signature: when the last instance dies, no report is fresh.
+    running = len(serving_runs(instance, runs, now, SupervisorSettings()))
+    signature = _desired_signature(state, running)
     fresh = newest > int(seen.get("seen", 0))
     if not fresh and signature == seen.get("desired"):
         return [], dict(seen)
@@ -179,7 +185,7 @@ def topology_events(
                 totals,
                 desired_instances=state.target_instances,
                 generation=None if state.allocation is None else state.allocation.generation,
-                running_instances=len(run_ids),
+                running_instances=running,
                 phase=state.phase,
                 paused=state.paused,
                 instances=reports,

@@ -28,6 +28,7 @@ resumes exactly.
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import dagster as dg
 
@@ -62,13 +63,47 @@ SCALE_JOB = "scale_job"
 
 
 class ScaleConfig(dg.Config):
-    """Which topology, how many instances, and how long to wait for each step."""
+    """Which topology, how many instances, and how long a step may go without progress.
+
+    ``start_timeout_s`` bounds a phase's *silence*, not its length: any answer, any
+    step begun by an instance it waits for (one still starting included) and any
+    queue that advances starts it again. A machine too busy to start an instance
+    in ten minutes then still finishes its scale; an instance that never comes up
+    (a crash loop, a launch that fails) ends it.
+    """
 
     topology: str
     target_instances: int
     strategy: str = ""  # "average" | "sticky"; empty: the topology's registered default
     stop_timeout_s: float = 300.0
     start_timeout_s: float = 600.0
+
+
+@dataclass
+class Patience:
+    """A wait bounded by the time since its last progress, not by its length.
+
+    Example::
+
+        >>> patience = Patience(timeout_s=60.0)
+        >>> patience.spent()
+        False
+        >>> patience.last -= 61.0; patience.spent()
+        True
+        >>> patience.progressed(); patience.spent()
+        False
+    """
+
+    timeout_s: float
+    last: float = field(default_factory=time.monotonic)
+
+    def progressed(self) -> None:
+        """Something moved: the wait starts over."""
+        self.last = time.monotonic()
+
+    def spent(self) -> bool:
+        """Whether nothing moved for ``timeout_s``."""
+        return time.monotonic() - self.last > self.timeout_s
 
 
 @dg.op
@@ -129,17 +164,16 @@ def scale(
         f"{sorted(changed)} change their share, in place"
     )
     began = time.time()
-    deadline = time.monotonic() + config.start_timeout_s
     if not live:
         # Nothing runs (first deployment, or after a stop): no handover to make.
         store.set(config.topology, DesiredState(config.target_instances, new))
-        answers = _await_in_force(context, config, "start", new, deadline)
+        answers = _await_in_force(context, config, "start", new)
         pause_s = 0.0
     else:
         store.set(config.topology, DesiredState(config.target_instances, new, phase="warm"))
         warm = range(new.instances)
         try:
-            _await(context, config, "warm", warm, new.generation, deadline)
+            _await(context, config, "warm", warm, new.generation)
         except dg.Failure:
             # Nothing was handed over yet: the old allocation simply goes on.
             if old is not None:
@@ -149,15 +183,15 @@ def scale(
         store.set(config.topology, DesiredState(config.target_instances, new, phase="release"))
         everyone = sorted(live | set(range(new.instances)))
         try:
-            released = _await(context, config, "release", everyone, new.generation, deadline)
+            released = _await(context, config, "release", everyone, new.generation)
         except dg.Failure as exc:
             # Going on is safe: a run that still holds queues it lost is fenced by the
             # new generation's first commit, and fails instead of writing twice.
             context.log.warning(f"{exc.description}; handing over anyway (fencing)")
             released = {}
         store.set(config.topology, DesiredState(config.target_instances, new, phase="run"))
-        answers = _await_in_force(context, config, "run", new, deadline)
-        _await_gone(context, config, range(new.instances), deadline)
+        answers = _await_in_force(context, config, "run", new)
+        _await_gone(context, config, range(new.instances), Patience(config.start_timeout_s))
         releases = [b.released_at for i, b in released.items() if i in changed and b.released_at]
         starts = [b.running_at for i, b in answers.items() if i in changed and b.running_at]
         pause_s = max(starts) - min(releases) if releases and starts else 0.0
@@ -165,9 +199,7 @@ def scale(
             f"{config.topology}: warm-up {warmed_s:.1f}s; handover pause {pause_s:.2f}s "
             f"(first release to last start, instances {sorted(changed)})"
         )
-    catching_up = _verify(
-        context, config, topology, new, queues, answers, admin, topics.layouts, deadline
-    )
+    catching_up = _verify(context, config, topology, new, queues, answers, admin, topics.layouts)
     context.add_output_metadata(
         {
             "still_catching_up": dg.MetadataValue.json(catching_up),
@@ -203,7 +235,7 @@ def _stop_all(
     """Scale to 0: every instance finishes its batch and exits; state and offsets stay."""
     store.set(config.topology, DesiredState(0, old))
     context.log.info(f"{config.topology}: stopping every instance (scale to 0)")
-    _await_gone(context, config, range(0), time.monotonic() + config.stop_timeout_s)
+    _await_gone(context, config, range(0), Patience(config.stop_timeout_s))
     context.add_output_metadata({"instances_after": 0, "generation": old.generation if old else 0})
 
 
@@ -225,9 +257,12 @@ def _await(
     phase: str,
     indexes: Iterable[int],
     generation: int,
-    deadline: float,
 ) -> dict[int, Heartbeat]:
     """Wait until the live run of every instance in ``indexes`` answered ``phase``.
+
+    Waits as long as there is progress (:class:`Patience`): an answer, or an
+    instance it waits for that begins a step (a cold start's are many) or goes
+    round its loop.
 
     Logs each answer as it comes, and every :data:`PROGRESS_EVERY_S` what each
     instance still waited for is doing (its heartbeat's step: "starting the
@@ -238,7 +273,9 @@ def _await(
     wanted = set(indexes)
     field = {"warm": "warmed", "release": "released", "run": "running", "start": "running"}[phase]
     began = time.monotonic()
+    patience = Patience(config.start_timeout_s)
     said: set[int] = set()
+    seen: dict[int, _Step] = {}  # the step each waited-for instance was last seen in
     next_report = began + PROGRESS_EVERY_S
     while True:
         runs = {
@@ -257,15 +294,18 @@ def _await(
                 f"phase {phase!r}: instance {i} {_DONE[phase]} ({len(done)}/{len(wanted)}, "
                 f"{time.monotonic() - began:.0f}s)"
             )
+        if set(done) - said or _moved_on(runs, beats, wanted - set(done), seen):
+            patience.progressed()
         said |= set(done)
         if set(done) >= wanted:
             return done
         now = time.monotonic()
-        if now > deadline:
+        if patience.spent():
             missing = "; ".join(_about(context, config, i) for i in sorted(wanted - set(done)))
             raise failure(
-                f"{config.topology}: generation {generation} phase {phase!r} not reached in "
-                f"{config.start_timeout_s:.0f}s (start_timeout_s): {missing}"
+                f"{config.topology}: generation {generation} phase {phase!r} not reached: no "
+                f"instance it waits for answered or moved on for {config.start_timeout_s:.0f}s "
+                f"(start_timeout_s; {now - began:.0f}s in all): {missing}"
             )
         if now >= next_report:
             next_report = now + PROGRESS_EVERY_S
@@ -277,12 +317,38 @@ def _await(
         time.sleep(0.1)
 
 
+#: What of a heartbeat shows that its run got somewhere: a beat alone proves only that
+#: its heartbeat thread runs (a run hung in one step beats too).
+_Step = tuple[str, float, str, float]
+
+
+def _moved_on(
+    runs: dict[int, dg.DagsterRun],
+    beats: dict[str, Heartbeat],
+    waiting: set[int],
+    seen: dict[int, _Step],
+) -> bool:
+    """Whether an instance in ``waiting`` began a step or went round its loop since ``seen``.
+
+    A new run of an index counts too (its first beat). ``seen`` is updated in place.
+    """
+    moved = False
+    for index, run in runs.items():
+        beat = beats.get(run.run_id)
+        if index not in waiting or beat is None:
+            continue
+        step = (run.run_id, beat.loop_at, beat.busy, beat.busy_since)
+        if seen.get(index) != step:
+            seen[index] = step
+            moved = True
+    return moved
+
+
 def _await_in_force(
     context: dg.OpExecutionContext,
     config: ScaleConfig,
     phase: str,
     new: Allocation,
-    deadline: float,
 ) -> dict[int, Heartbeat]:
     """:func:`_await` for the phase that put ``new`` in force: a failure says that it stands.
 
@@ -292,7 +358,7 @@ def _await_in_force(
     a scale that did not happen.
     """
     try:
-        return _await(context, config, phase, range(new.instances), new.generation, deadline)
+        return _await(context, config, phase, range(new.instances), new.generation)
     except dg.Failure as exc:
         raise failure(
             f"the new allocation of {new.instances} instances (generation {new.generation}) "
@@ -350,22 +416,30 @@ def _about(context: dg.OpExecutionContext, config: ScaleConfig, index: int) -> s
 
 
 def _await_gone(
-    context: dg.OpExecutionContext, config: ScaleConfig, keep: Iterable[int], deadline: float
+    context: dg.OpExecutionContext, config: ScaleConfig, keep: Iterable[int], patience: Patience
 ) -> None:
-    """Wait until no run of an instance outside ``keep`` is left (they exit by themselves)."""
+    """Wait until no run of an instance outside ``keep`` is left (they exit by themselves).
+
+    Each run that exits is progress.
+    """
     kept = set(keep)
+    left: int | None = None
     while True:
         extra = [
             r for r in instance_runs(context.instance, config.topology) if run_index(r) not in kept
         ]
         if not extra:
             return
-        if time.monotonic() > deadline:
+        if left is not None and len(extra) < left:
+            patience.progressed()
+        left = len(extra)
+        if patience.spent():
             for run in extra:
                 # Gone or stuck: the generation fence keeps it from committing.
                 context.instance.run_coordinator.cancel_run(run.run_id)
             context.log.warning(
-                f"runs {[r.run_id for r in extra]} did not exit in time; cancelling them"
+                f"runs {[r.run_id for r in extra]} did not exit within "
+                f"{patience.timeout_s:.0f}s of the last one that did; cancelling them"
             )
             return
         time.sleep(0.2)
@@ -380,11 +454,11 @@ def _verify(
     answers: dict[int, Heartbeat],
     admin: RocketMQAdmin,
     layouts: dict[str, TopicLayout],
-    deadline: float,
 ) -> list[str]:
     """Every instance of ``new`` runs it, every queue is owned, and every queue advances.
 
-    Returns the queues that did not advance by ``deadline`` (by owner): the
+    Returns the queues that did not advance (by owner) while no other did for
+    ``start_timeout_s``: the
     allocation stands, they are still catching up (a slow first batch on a
     busy machine), which the job's outcome says rather than failing.
     """
@@ -393,12 +467,13 @@ def _verify(
     expected = {(t, q) for t, qs in queues.items() for q in qs}
     if owned != expected:
         raise failure(f"allocation leaves queues unowned: {sorted(expected - owned)}")
-    stuck = _await_advancing(context, config, topology, new, deadline, admin, layouts)
+    patience = Patience(config.start_timeout_s)
+    stuck = _await_advancing(context, config, topology, new, patience, admin, layouts)
     if stuck:
         context.log.warning(
             f"{config.topology}: the new allocation of {new.instances} instances (generation "
             f"{new.generation}) is in force and every instance runs it; queues still catching "
-            f"up (not advanced within start_timeout_s): {'; '.join(stuck)}"
+            f"up (none advanced for start_timeout_s): {'; '.join(stuck)}"
         )
     else:
         context.log.info(
@@ -413,13 +488,14 @@ def _await_advancing(
     config: ScaleConfig,
     topology: Topology,
     new: Allocation,
-    deadline: float,
+    patience: Patience,
     admin: RocketMQAdmin,
     layouts: dict[str, TopicLayout],
 ) -> list[str]:
     """Wait until every queue's committed offset moves past where it was, or reaches the end.
 
-    Returns, per owner, the queues that had not by ``deadline`` (empty: all did).
+    Each queue that does is progress. Returns, per owner, the queues that had not
+    when ``patience`` was spent (empty: all did).
     """
     owner = {
         layouts[t].queue(q): index
@@ -439,9 +515,10 @@ def _await_advancing(
             now = committed(mq)
             if now > start[mq] or now >= admin.max_offset(mq):
                 pending.discard(mq)
+                patience.progressed()
         if not pending:
             break
-        if time.monotonic() > deadline:
+        if patience.spent():
             by_owner: dict[int, list[str]] = {}
             for mq in sorted(pending):
                 by_owner.setdefault(owner[mq], []).append(

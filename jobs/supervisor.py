@@ -304,6 +304,37 @@ def _started_at(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float | Non
     return float(record.create_timestamp.timestamp())
 
 
+def serving_runs(
+    instance: dg.DagsterInstance,
+    runs: list[dg.DagsterRun],
+    now: float,
+    settings: SupervisorSettings,
+) -> list[dg.DagsterRun]:
+    """The runs of ``runs`` that serve now: STARTED, heartbeating, their process alive.
+
+    What a headline may call running. Dagster's run status alone says
+    neither: a queued or starting run serves nothing yet, and a run whose
+    process was killed stays STARTED until the supervisor notices.
+
+    Example::
+
+        >>> serving_runs(dg.DagsterInstance.ephemeral(), [], 0.0, SupervisorSettings())
+        []
+    """
+    started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
+    beats = heartbeats(instance, [r.run_id for r in started]) if started else {}
+    serving = []
+    for run in started:
+        beat = beats.get(run.run_id)
+        if beat is None:
+            continue  # starting: nothing served yet
+        process = run_process(instance, run, beat)
+        alive = process_alive(process.pid, process.seen_at) if process and process.local else None
+        if judge(beat, process, alive, None, now, settings).verdict == "alive":
+            serving.append(run)
+    return serving
+
+
 #: Run statuses whose process may exist: the ones the supervisor judges.
 _JUDGED = (
     dg.DagsterRunStatus.STARTING,

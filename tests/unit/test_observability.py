@@ -6,6 +6,8 @@ zig-zagged (each instance wrote its own numbers under the same keys) and
 batch happened to end).
 """
 
+import dataclasses
+import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,7 +19,12 @@ from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEven
 
 from stream_assets.control.alerts import Alert
 from stream_assets.control.allocation import allocate
-from stream_assets.control.desired_state import DesiredState, DesiredStateStore
+from stream_assets.control.desired_state import (
+    DesiredState,
+    DesiredStateStore,
+    heartbeat_key,
+    record_heartbeat,
+)
 from stream_assets.control.lineage import lineage_asset_specs, topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
     HEADLINE,
@@ -259,13 +266,23 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate()
 # -- the metrics sensor --------------------------------------------------------------------
 
 
-def _live_run(instance: dg.DagsterInstance, job_id: str, index: int, generation: int) -> str:
+def _live_run(
+    instance: dg.DagsterInstance,
+    job_id: str,
+    index: int,
+    generation: int,
+    status: dg.DagsterRunStatus = dg.DagsterRunStatus.STARTED,
+    pid: int | None = None,
+    beating: bool = True,
+) -> str:
+    """An instance run; a STARTED one heartbeats (``beating``) as process ``pid`` (this one
+    by default)."""
     run_id = uuid.uuid4().hex
     instance.add_run(
         dg.DagsterRun(
             job_name=INSTANCE_JOB,
             run_id=run_id,
-            status=dg.DagsterRunStatus.STARTED,
+            status=status,
             tags={
                 TOPOLOGY_TAG: job_id,
                 GENERATION_TAG: str(generation),
@@ -273,7 +290,19 @@ def _live_run(instance: dg.DagsterInstance, job_id: str, index: int, generation:
             },
         )
     )
+    if status == dg.DagsterRunStatus.STARTED and beating:
+        beat = record_heartbeat(instance, job_id, generation, index, run_id)
+        if pid is not None:
+            instance.daemon_cursor_storage.set_cursor_values(
+                {heartbeat_key(run_id): dataclasses.replace(beat, pid=pid).to_json()}
+            )
     return run_id
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def _observe_as(
@@ -312,6 +341,11 @@ def test_metrics_sensor_observes_topology_sink_and_source_with_totals() -> None:
     DesiredStateStore(instance).set("wordcount", DesiredState(2, allocation))
     runs = [_live_run(instance, "wordcount", i, 7) for i in range(2)]
     gone = _live_run(instance, "wordcount", 0, 6)
+    # Unfinished but not serving, so not running: starting, started without a heartbeat yet,
+    # and a run Dagster still calls STARTED whose process was killed.
+    _live_run(instance, "wordcount", 2, 7, status=dg.DagsterRunStatus.STARTING)
+    _live_run(instance, "wordcount", 3, 7, beating=False)
+    _live_run(instance, "wordcount", 4, 7, pid=_dead_pid())
     key = topology_asset_key("wordcount")
     per_instance = [
         InstanceNumbers(
