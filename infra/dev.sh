@@ -98,7 +98,8 @@ setup_env() {
   [ -d "$DAGSTER_HOME/history" ] || dagster instance migrate >/dev/null
 }
 
-# The Spark driver JVM's class-data archive, once per JDK and Spark (~30 s): every
+# The Spark driver JVM's class-data archive, once per JDK and Spark (~30 s idle, minutes
+# on a loaded machine: 205 s at load ~40): every
 # JVM an instance or test starts then starts ~3 s sooner (runtime/class_archive.py).
 setup_jvm_archive() { stream-assets jvm-archive; }
 
