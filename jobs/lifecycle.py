@@ -34,6 +34,8 @@ Example (from Python, as the tests do)::
 """
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import dagster as dg
 
@@ -49,6 +51,7 @@ from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.provision import plan_topology_upgrade, provision_topics
+from stream_assets.settings import EngineSettings, RocketMQSettings
 
 STOP_JOB = "stop_topology_job"
 START_JOB = "start_topology_job"
@@ -88,19 +91,66 @@ def _refuse_if_busy(name: str, state: DesiredState | None, what: str) -> None:
         )
 
 
+class Log(Protocol):
+    """Where stop and start say what they do: an op's ``context.log``, or the CLI's stderr."""
+
+    def info(self, msg: str) -> None: ...
+
+    def warning(self, msg: str) -> None: ...
+
+
+class PrintLog:
+    """A :class:`Log` that hands each line to ``say`` (the CLI's stderr, a deployment's progress).
+
+    Example::
+
+        >>> PrintLog(print).warning("slow")
+        warning: slow
+    """
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+
+    def info(self, msg: str) -> None:
+        """Say ``msg``."""
+        self.say(msg)
+
+    def warning(self, msg: str) -> None:
+        """Say ``msg`` as a warning."""
+        self.say(f"warning: {msg}")
+
+
 @dg.op
 def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
     """Stop ``config.topology``: desired count 0, every instance finishes its batch and exits."""
-    name = config.topology
-    acting_on(context, name)
-    store = DesiredStateStore(context.instance)
+    acting_on(context, config.topology)
+    before, stopped = stop(
+        context.instance, config.topology, config.stop_timeout_s, config.drain, context.log
+    )
+    context.add_output_metadata({"instances_before": before, "runs_stopped": len(stopped)})
+
+
+def stop(
+    instance: dg.DagsterInstance, name: str, timeout_s: float, drain: bool, log: Log
+) -> tuple[int, list[str]]:
+    """Stop ``name`` in ``instance``'s storage; (instances before, the runs waited for).
+
+    What stop_topology_job does, callable without the job (``stream-assets stop``):
+    it needs the Dagster instance's storage, not its daemon or code server.
+
+    Example::
+
+        >>> stop(DagsterInstance.get(), "wordcount", 300.0, False, log)  # doctest: +SKIP
+        (2, ['8f0c...', '1b2e...'])
+    """
+    store = DesiredStateStore(instance)
     current = store.get(name)
     _refuse_if_busy(name, current, "stop")
     before = current.target_instances if current else 0
     allocation = current.allocation if current else None
     # Written first: from here on the supervisor launches nothing for the topology,
     # so the runs cancelled below stay stopped.
-    store.set(name, DesiredState(0, allocation, drain=config.drain))
+    store.set(name, DesiredState(0, allocation, drain=drain))
     kept = (
         f"; allocation of generation {allocation.generation} ({allocation.instances} "
         "instances) kept for the start"
@@ -110,19 +160,19 @@ def stop_topology(context: dg.OpExecutionContext, config: StopConfig) -> None:
     draining = (
         ": draining first (sources no longer read; each instance exits once every shuffle "
         "topic is consumed)"
-        if config.drain
+        if drain
         else ""
     )
-    context.log.info(f"{name}: desired instances {before} -> 0 (stopped){kept}{draining}")
-    stopped = _stop_runs(context, name, config.stop_timeout_s)
-    context.log.info(
+    log.info(f"{name}: desired instances {before} -> 0 (stopped){kept}{draining}")
+    stopped = _stop_runs(instance, name, timeout_s, log)
+    log.info(
         f"{name} is stopped: no instance runs; offsets and state are where the last batch "
-        "committed them. start_topology_job resumes it."
+        "committed them. start_topology_job (or stream-assets start) resumes it."
     )
-    context.add_output_metadata({"instances_before": before, "runs_stopped": len(stopped)})
+    return before, stopped
 
 
-def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> list[str]:
+def _stop_runs(instance: dg.DagsterInstance, name: str, timeout_s: float, log: Log) -> list[str]:
     """Wait until every instance run of ``name`` has ended; the run ids waited for.
 
     Every run that runs sees the desired count 0, finishes its batch in flight
@@ -133,7 +183,6 @@ def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> l
     none is left: a supervisor tick that began before the desired state
     changed may still launch one run.
     """
-    instance = context.instance
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s
     cancelled = False
@@ -144,7 +193,7 @@ def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> l
         for run in runs:
             if run.run_id not in seen:
                 seen.append(run.run_id)
-                context.log.info(
+                log.info(
                     f"stopping instance {run_index(run)} (run {run.run_id}, {run.status.value}): "
                     "it finishes its batch in flight, then exits"
                 )
@@ -154,11 +203,11 @@ def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> l
             # (SIGINT: it still finishes its batch if it can), then give it as long again.
             cancelled = True
             for run in runs:
-                context.log.warning(
+                log.warning(
                     f"instance {run_index(run)} (run {run.run_id}) did not exit within "
                     f"{timeout_s:.0f}s: cancelling it"
                 )
-                _cancel(context, run)
+                _cancel(instance, run, log)
             deadline = time.monotonic() + timeout_s
         elif time.monotonic() > deadline:
             left = ", ".join(f"{r.run_id} ({r.status.value})" for r in runs)
@@ -171,18 +220,18 @@ def _stop_runs(context: dg.OpExecutionContext, name: str, timeout_s: float) -> l
         time.sleep(0.5)
 
 
-def _cancel(context: dg.OpExecutionContext, run: dg.DagsterRun) -> None:
+def _cancel(instance: dg.DagsterInstance, run: dg.DagsterRun, log: Log) -> None:
     """Ask a run to stop: it finishes its batch in flight, then ends CANCELED."""
     if run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
         return  # no process yet: _settle_unstarted marks it canceled
     if run.status == dg.DagsterRunStatus.CANCELING:
         return
     try:
-        context.instance.run_coordinator.cancel_run(run.run_id)
+        instance.run_coordinator.cancel_run(run.run_id)
     except Exception as exc:
         # A launcher that cannot terminate: the instance still sees the desired count 0
         # and exits after its batch by itself.
-        context.log.warning(
+        log.warning(
             f"could not cancel run {run.run_id} ({type(exc).__name__}: {exc}); it exits by "
             "itself once it sees the topology stopped"
         )
@@ -217,59 +266,86 @@ def start_topology(
     state_store: RocksDBStateStoreResource,
 ) -> None:
     """Start ``config.topology`` again (or deploy it): the supervisor launches its instances."""
-    name = config.topology
-    reg = acting_on(context, name)
-    if config.target_instances < 0:
+    acting_on(context, config.topology)
+    outcome = start(
+        context.instance,
+        config.topology,
+        config.target_instances,
+        rocketmq.settings(),
+        spark.engine_settings(state_dir=state_store.root()),
+        config.wait_s,
+        context.log,
+    )
+    context.add_output_metadata(outcome)
+
+
+def start(
+    instance: dg.DagsterInstance,
+    name: str,
+    target_instances: int,
+    rocketmq: RocketMQSettings,
+    engine: EngineSettings,
+    wait_s: float,
+    log: Log,
+) -> dict[str, int | bool]:
+    """Start ``name`` in ``instance``'s storage with ``target_instances`` (0: as before).
+
+    What start_topology_job does, callable without the job (``stream-assets start``).
+    The supervisor launches the instances: with ``wait_s`` > 0 this waits until
+    each heartbeats. Returns the job's output metadata.
+
+    Example::
+
+        >>> start(DagsterInstance.get(), "wordcount", 0, RocketMQSettings(),
+        ...       EngineSettings(), 600.0, log)  # doctest: +SKIP
+        {'instances': 2, 'generation': 3, 'started': True}
+    """
+    if target_instances < 0:
         raise failure(
             f"target_instances must be >= 0 (0: as before the stop), got "
-            f"{config.target_instances}. Nothing was changed."
+            f"{target_instances}. Nothing was changed."
         )
-    store = DesiredStateStore(context.instance)
+    store = DesiredStateStore(instance)
     current = store.get(name)
     _refuse_if_busy(name, current, "start")
     if current is not None and current.target_instances > 0:
-        context.log.info(
+        log.info(
             f"{name} is not stopped: it runs {current.target_instances} instances. Nothing was "
             "changed (scale_job changes the count)."
         )
-        context.add_output_metadata({"instances": current.target_instances, "started": False})
-        return
+        return {"instances": current.target_instances, "started": False}
     old = current.allocation if current else None
-    count = config.target_instances or (old.instances if old else reg.default_instances)
-    topics = _upgraded_topics(context, name, rocketmq)
+    count = target_instances or (old.instances if old else registered(name).default_instances)
+    topics = _upgraded_topics(name, rocketmq, log)
     same_topics = topics is None or (old is not None and set(old.assignment[0]) == topics)
     if old is not None and old.instances == count and same_topics:
         allocation = old
-        context.log.info(
+        log.info(
             f"{name}: resuming {count} instances on the kept allocation (generation "
             f"{old.generation}): every queue goes back to the index that had it"
         )
     else:
-        allocation = _allocate(context, name, count, old, rocketmq, spark, state_store)
+        allocation = _allocate(instance, name, count, old, rocketmq, engine, log)
     since = time.time()
     store.set(name, DesiredState(count, allocation))
-    context.log.info(
+    log.info(
         f"{name}: desired instances 0 -> {count}; the supervisor launches them on its next tick "
         "and they resume from the committed offsets and state"
     )
-    if config.wait_s > 0:
-        _await_heartbeats(context, name, count, since, config.wait_s)
-    context.add_output_metadata(
-        {"instances": count, "generation": allocation.generation, "started": True}
-    )
+    if wait_s > 0:
+        _await_heartbeats(instance, name, count, since, wait_s, log)
+    return {"instances": count, "generation": allocation.generation, "started": True}
 
 
-def _upgraded_topics(
-    context: dg.OpExecutionContext, name: str, rocketmq: RocketMQResource
-) -> set[str] | None:
+def _upgraded_topics(name: str, rocketmq: RocketMQSettings, log: Log) -> set[str] | None:
     """The topics the topology's group reads once started (its upgrade checked first:
     a change its instances would refuse is refused here, changing nothing); None when
     the broker cannot be asked now (the instances check at their start)."""
     try:
-        with RocketMQAdmin(rocketmq.settings()) as admin:
+        with RocketMQAdmin(rocketmq) as admin:
             upgrade = plan_topology_upgrade(admin, registered(name).topology())
     except RocketMQError as exc:
-        context.log.warning(
+        log.warning(
             f"{name}: the topology's record could not be read ({exc}); its instances compare "
             "it with their topology when they start"
         )
@@ -277,7 +353,7 @@ def _upgraded_topics(
     except ValueError as exc:
         raise failure(f"cannot start {name}: {exc}. Nothing was changed.") from exc
     if not upgrade.first:
-        context.log.info(upgrade.describe())
+        log.info(upgrade.describe())
     try:
         upgrade.refuse_if_needed()
     except ValueError as exc:
@@ -286,16 +362,16 @@ def _upgraded_topics(
 
 
 def _allocate(
-    context: dg.OpExecutionContext,
+    instance: dg.DagsterInstance,
     name: str,
     count: int,
     old: Allocation | None,
-    rocketmq: RocketMQResource,
-    spark: SparkResource,
-    state_store: RocksDBStateStoreResource,
+    rocketmq: RocketMQSettings,
+    engine: EngineSettings,
+    log: Log,
 ) -> Allocation:
     """A new allocation of ``count`` instances (the topology is stopped: nothing moves live)."""
-    left = instance_runs(context.instance, name)
+    left = instance_runs(instance, name)
     if left:
         raise failure(
             f"cannot start {name} with {count} instances while runs of it are still stopping "
@@ -304,18 +380,17 @@ def _allocate(
         )
     reg = registered(name)
     topology = reg.topology()
-    engine = spark.engine_settings(state_dir=state_store.root())
     try:
-        with RocketMQAdmin(rocketmq.settings()) as admin:
-            # The topics the job runs under (start_topology refused a change already).
+        with RocketMQAdmin(rocketmq) as admin:
+            # The topics the job runs under (start refused a change already).
             topology = plan_topology_upgrade(admin, topology).topology
             check_topology_credentials(admin, topology, topology.job_id)
-            topics = provision_topics(admin, topology, engine, context.log.info)
+            topics = provision_topics(admin, topology, engine, log.info)
     except (RocketMQError, ValueError) as exc:
         raise failure(f"cannot start {name}: {exc}. Nothing was changed.") from exc
     queues = topology_queues(topology, topics.source_queues, engine.shuffle_queues)
     allocation = allocate(queues, count, reg.strategy, previous=old)
-    context.log.info(
+    log.info(
         f"{name}: new allocation of {count} instances (generation {allocation.generation}); "
         "each instance restores the state of queues it does not hold locally on its first batch"
     )
@@ -323,17 +398,17 @@ def _allocate(
 
 
 def _await_heartbeats(
-    context: dg.OpExecutionContext, name: str, count: int, since: float, wait_s: float
+    instance: dg.DagsterInstance, name: str, count: int, since: float, wait_s: float, log: Log
 ) -> None:
     """Wait until every index below ``count`` has a STARTED run that heartbeat after ``since``."""
     deadline = time.monotonic() + wait_s
     ready: set[int] = set()
     while True:
-        runs = instance_runs(context.instance, name, [dg.DagsterRunStatus.STARTED])
-        beats = heartbeats(context.instance, [r.run_id for r in runs]) if runs else {}
+        runs = instance_runs(instance, name, [dg.DagsterRunStatus.STARTED])
+        beats = heartbeats(instance, [r.run_id for r in runs]) if runs else {}
         ready = {run_index(r) for r in runs if r.run_id in beats and beats[r.run_id].ts >= since}
         if ready >= set(range(count)):
-            context.log.info(f"{name}: all {count} instances run and heartbeat")
+            log.info(f"{name}: all {count} instances run and heartbeat")
             return
         if time.monotonic() > deadline:
             missing = sorted(set(range(count)) - ready)

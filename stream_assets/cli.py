@@ -9,6 +9,8 @@ Examples::
     stream-assets topic offsets orders
     stream-assets roundtrip             # produce and read back, printing what it did
     stream-assets reset wordcount --to-time 2025-11-21T14:30:00Z   # show the plan; --yes applies
+    stream-assets stop wordcount        # as stop_topology_job, when Dagster itself is slow
+    stream-assets start wordcount
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ def _deploy(args: argparse.Namespace) -> int:
         print(f"production-shaped deployment up in {max(timings.values()):.0f} s: {timings}")
     elif args.action == "down":
         deployment.down()
+    elif args.action == "feeder-stop":
+        print("feeder stopped" if deployment.feeder.stop() else "the feeder was not running")
+    elif args.action == "feeder-start":
+        print(f"feeder running (pid {deployment.start_feeder()})")
+    elif args.action == "topology-stop":
+        deployment.stop_topology(through_dagster=False)
+    elif args.action == "topology-start":
+        deployment.start_topology(through_dagster=False)
     else:
         print(deployment.status())
     return 0
@@ -221,6 +231,49 @@ def _upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lifecycle(args: argparse.Namespace) -> int:
+    """stop/start a topology through the Dagster instance's storage alone (DAGSTER_HOME):
+    the same desired state and fencing as the jobs, for when the daemon or the code
+    server is what is slow. The supervisor sensor acts on it at its next tick."""
+    import dagster as dg
+
+    from stream_assets.jobs.lifecycle import PrintLog, start, stop
+    from stream_assets.settings import EngineSettings, RocketMQSettings
+
+    log = PrintLog(lambda line: print(line, file=sys.stderr))
+
+    try:
+        instance = dg.DagsterInstance.get()
+    except dg.DagsterError as exc:
+        raise ValueError(
+            f"no Dagster instance to act on ({exc}); set DAGSTER_HOME to the deployment's "
+            "(bash infra/dev.sh sets .local/dagster); for the production-shaped deployment "
+            "use `stream-assets deploy topology-stop` / `topology-start`"
+        ) from None
+    try:
+        with instance:
+            if args.command == "stop":
+                before, runs = stop(instance, args.topology, args.timeout, args.drain, log)
+                print(
+                    f"{args.topology}: stopped ({before} instances before, {len(runs)} runs ended)"
+                )
+            else:
+                outcome = start(
+                    instance,
+                    args.topology,
+                    args.instances,
+                    RocketMQSettings(),
+                    EngineSettings(),
+                    args.wait,
+                    log,
+                )
+                print(f"{args.topology}: {outcome}")
+    except dg.Failure as exc:
+        print(f"stream-assets: error: {exc.description}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _jvm_archive(args: argparse.Namespace) -> int:
     from stream_assets.runtime.class_archive import build
 
@@ -252,7 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
         "with ACL, a 2-worker Spark cluster, Dagster webserver + daemon, WordCount fed live "
         "(settings: STREAM_ASSETS_DEPLOY_*; docs/deployment.md)",
     )
-    deploy.add_argument("action", choices=["up", "down", "status"])
+    deploy.add_argument(
+        "action",
+        choices=[
+            "up",
+            "down",
+            "status",
+            "feeder-stop",
+            "feeder-start",
+            "topology-stop",
+            "topology-start",
+        ],
+        help="topology-stop/-start act through the deployment's Dagster storage, without "
+        "its webserver, daemon or code server",
+    )
     deploy.set_defaults(func=_deploy)
 
     archive = sub.add_parser(
@@ -337,6 +403,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir", metavar="PATH", help="local state root (default: the engine's state dir)"
     )
     upgrade.set_defaults(func=_upgrade)
+
+    stop = sub.add_parser(
+        "stop",
+        help="stop a topology as stop_topology_job does, without Dagster's daemon or code "
+        "server (DAGSTER_HOME's storage): every instance finishes its batch and exits",
+    )
+    stop.add_argument("topology", help="a registered topology (job id)")
+    stop.add_argument("--drain", action="store_true", help="consume every shuffle topic first")
+    stop.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a run is cancelled"
+    )
+    stop.set_defaults(func=_lifecycle)
+
+    start = sub.add_parser(
+        "start",
+        help="start a stopped topology as start_topology_job does (DAGSTER_HOME's storage); "
+        "the supervisor sensor launches its instances",
+    )
+    start.add_argument("topology", help="a registered topology (job id)")
+    start.add_argument(
+        "--instances", type=int, default=0, help="how many (default: as before the stop)"
+    )
+    start.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="seconds to wait for every instance to heartbeat (default: return at once)",
+    )
+    start.set_defaults(func=_lifecycle)
     return parser
 
 

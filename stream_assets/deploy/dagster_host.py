@@ -100,22 +100,25 @@ class DagsterHost:
         return time.monotonic() - started
 
     @contextmanager
-    def instance(self) -> Iterator[dg.DagsterInstance]:
-        """This deployment's Dagster instance (its Postgres storage), in this process.
-
-        The environment is this host's only while the instance reads its config (the
-        storage's ``{env: ...}`` values), not for the caller's other code.
-        """
+    def environment(self) -> Iterator[None]:
+        """This host's environment in this process, for what reads its config from there
+        (the storage's ``{env: ...}`` values, the engine's settings), and only meanwhile."""
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:
-            instance = dg.DagsterInstance.from_config(str(self.dagster_home))
+            yield
         finally:
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+    @contextmanager
+    def instance(self) -> Iterator[dg.DagsterInstance]:
+        """This deployment's Dagster instance (its Postgres storage), in this process."""
+        with self.environment():
+            instance = dg.DagsterInstance.from_config(str(self.dagster_home))
         with instance:
             yield instance
 

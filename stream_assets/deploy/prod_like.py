@@ -47,10 +47,17 @@ from stream_assets.deploy.dagster_host import DagsterHost
 from stream_assets.deploy.env_files import DEPLOY_DIR, host_env, load_secrets
 from stream_assets.deploy.postgres import PostgresHost
 from stream_assets.deploy.spark_standalone import SparkStandalone, java_home
+from stream_assets.jobs.lifecycle import PrintLog, start, stop
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq import acl
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.settings import ClusterSettings, ConfValue, DeploySettings, RocketMQSettings
+from stream_assets.settings import (
+    ClusterSettings,
+    ConfValue,
+    DeploySettings,
+    EngineSettings,
+    RocketMQSettings,
+)
 
 #: The user brokers of one master/slave group sign their own calls with.
 INNER_USER = "rocketmq-inner"
@@ -194,7 +201,7 @@ class ProdLike:
             self.scale(self.settings.instances)
             self._step(timings, f"{self.settings.topology} x{self.settings.instances}", began)
             if self.settings.feed_lines_per_s > 0:
-                self.feeder.start(self._feeder_env())
+                self.start_feeder()
         self.progress(self.status())
         return timings
 
@@ -276,15 +283,34 @@ class ProdLike:
         self.progress(f"[prod-like] scaling {self.settings.topology} to {instances} instance(s)")
         return self.run_job("scale_job", {"ops": {"scale": {"config": config}}})
 
-    def stop_topology(self) -> str:
-        """Stop the topology (its instances commit and end; offsets and state are kept)."""
+    def stop_topology(self, through_dagster: bool = True) -> str:
+        """Stop the topology (its instances commit and end; offsets and state are kept).
+
+        Through the webserver (the stop job; returns its run id), or, when Dagster
+        itself is what is slow, straight through its storage (returns "").
+        """
+        if not through_dagster:
+            with self.dagster.instance() as instance:
+                stop(instance, self.settings.topology, 300.0, False, PrintLog(self.progress))
+            return ""
         config = {"topology": self.settings.topology}
         return self.run_job("stop_topology_job", {"ops": {"stop_topology": {"config": config}}})
 
-    def start_topology(self) -> str:
-        """Start it again with the instance count it had."""
+    def start_topology(self, through_dagster: bool = True) -> str:
+        """Start it again with the instance count it had (as :meth:`stop_topology`)."""
+        if not through_dagster:
+            with self.dagster.environment():
+                engine = EngineSettings()  # the instances' own (dagster.env)
+            with self.dagster.instance() as instance:
+                name, log = self.settings.topology, PrintLog(self.progress)
+                start(instance, name, 0, self.admin_settings(), engine, 0.0, log)
+            return ""
         config = {"topology": self.settings.topology}
         return self.run_job("start_topology_job", {"ops": {"start_topology": {"config": config}}})
+
+    def start_feeder(self) -> int:
+        """Start the feeder (unless it runs); its pid. ``feeder.stop()`` stops it."""
+        return self.feeder.start(self._feeder_env())
 
     def down(self) -> None:
         """Stop the feeder, the topology (its instances commit), then every host."""
