@@ -169,10 +169,18 @@ def run_instance(
     finally:
         heart.stop()
     context.log.info("instance stopped cleanly; state and offsets checkpointed")
+    if reason.startswith(DISOWNED):
+        raise dg.Failure(
+            f"{reason}; stopped cleanly so that the supervisor's next run of instance "
+            f"{config.instance_index} is the only one"
+        )
     if reason == "cancelled":
         # Lets Dagster record the run as CANCELED rather than SUCCESS.
         raise DagsterExecutionInterruptedError("instance run cancelled")
 
+
+#: The stop reason of a run Dagster ended from outside while its process ran.
+DISOWNED = "disowned"
 
 #: How long a draining instance waits for the shuffle topics to be consumed. What is
 #: still unread then is not lost: it stays in the shuffle topics for the next start.
@@ -250,6 +258,12 @@ def _supervise(
         run = context.instance.get_run_by_id(context.run_id)
         if run is not None and run.status == dg.DagsterRunStatus.CANCELING:
             return "cancelled"
+        if run is not None and run.is_finished:
+            # Ended from outside while this process runs (a launch Dagster retried after
+            # its worker had started, marked failed): the supervisor launches no other
+            # run of this index while this one lives, so it leaves, and the status
+            # Dagster wrote becomes true.
+            return f"{DISOWNED}: Dagster marked this run {run.status.value} while it ran"
         heart.looped()
         inst.check_failed()
         inst.commit_waiting()

@@ -323,16 +323,25 @@ def serving_runs(
     """
     started = [r for r in runs if r.status == dg.DagsterRunStatus.STARTED]
     beats = heartbeats(instance, [r.run_id for r in started]) if started else {}
-    serving = []
-    for run in started:
-        beat = beats.get(run.run_id)
-        if beat is None:
-            continue  # starting: nothing served yet
-        process = run_process(instance, run, beat)
-        alive = process_alive(process.pid, process.seen_at) if process and process.local else None
-        if judge(beat, process, alive, None, now, settings).verdict == "alive":
-            serving.append(run)
-    return serving
+    return [
+        run
+        for run in started
+        if run.run_id in beats  # no heartbeat yet: starting, nothing served
+        and _beating(instance, run, beats[run.run_id], now, settings).verdict == "alive"
+    ]
+
+
+def _beating(
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    beat: Heartbeat,
+    now: float,
+    settings: SupervisorSettings,
+) -> Liveness:
+    """:func:`judge` of a run that heartbeats, whatever Dagster's status of it says."""
+    process = run_process(instance, run, beat)
+    alive = process_alive(process.pid, process.seen_at) if process and process.local else None
+    return judge(beat, process, alive, None, now, settings)
 
 
 #: Run statuses whose process may exist: the ones the supervisor judges.
@@ -680,6 +689,10 @@ def plan_topology(
     for index in range(allocation.instances):
         if index in served:
             continue
+        survivor = _ended_but_alive(instance, name, index, now, settings)
+        if survivor is not None:
+            yield survivor
+            continue
         history = crash_history(instance, name, index, now, settings)
         if history.retry_at(settings) > now:
             last_error = failure_message(instance, history.last_run_id or "")
@@ -693,6 +706,44 @@ def plan_topology(
                 "(not counted as a crash)"
             )
         yield _request(instance, name, allocation, index)
+
+
+#: How many of an index's newest ended runs are looked at for one still alive.
+_ENDED_LOOKED_AT = 5
+
+
+def _ended_but_alive(
+    instance: dg.DagsterInstance, name: str, index: int, now: float, settings: SupervisorSettings
+) -> str | None:
+    """Why no run of instance ``index`` may be launched now: an ended run of it still serves.
+
+    Dagster can end a run from outside while its process goes on (a launch it
+    retried after the worker had started, marked failed). A second run of the
+    index would read its queues twice, so none is launched while that one
+    heartbeats and its process lives; it sees its status and exits cleanly
+    (``instance_job``: ``DISOWNED``). None when no such run exists.
+    """
+    ended = instance.get_runs(
+        filters=dg.RunsFilter(
+            job_name=INSTANCE_JOB,
+            tags={TOPOLOGY_TAG: name, INSTANCE_INDEX_TAG: str(index)},
+            statuses=[dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED],
+        ),
+        limit=_ENDED_LOOKED_AT,
+    )
+    beats = heartbeats(instance, [r.run_id for r in ended]) if ended else {}
+    for run in ended:
+        beat = beats.get(run.run_id)
+        liveness = None if beat is None else _beating(instance, run, beat, now, settings)
+        if liveness is not None and liveness.verdict == "alive":
+            process = liveness.process
+            where = process.describe() if process is not None else "its process"
+            return (
+                f"{name}: instance {index}: run {run.run_id} is {run.status.value} in Dagster "
+                f"but {where} lives and heartbeats; launching no second run of the index "
+                "while it does (it exits once it sees its status)"
+            )
+    return None
 
 
 def _last_launch_failure(instance: dg.DagsterInstance, name: str, index: int) -> str | None:

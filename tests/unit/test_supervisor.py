@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import dagster as dg
@@ -38,7 +39,13 @@ from stream_assets.control.registry import (
 )
 from stream_assets.jobs.alerts import alert_for
 from stream_assets.jobs.checks import crash_check_key
-from stream_assets.jobs.instance_job import instance_job, instance_run_config
+from stream_assets.jobs.instance_job import (
+    DISOWNED,
+    InstanceConfig,
+    _supervise,
+    instance_job,
+    instance_run_config,
+)
 from stream_assets.jobs.supervisor import crash_history, plan_topology
 from stream_assets.settings import SupervisorSettings
 from tests.unit._alert_sensor import alert_sensor_tick
@@ -247,6 +254,53 @@ def test_a_live_run_of_an_older_generation_serves_its_index(
         assert _assignment(request) == new.for_instance(2)
     # A scale-in launches nothing: the run of index 1 stops by itself.
     assert _requests(instance, DesiredState(1, allocate(QUEUES, 1, previous=new)), now) == []
+
+
+def test_no_second_run_while_a_run_dagster_ended_still_serves(
+    instance: dg.DagsterInstance, live: subprocess.Popen[bytes]
+) -> None:
+    # Dagster marked the run failed from outside (a launch it retried after the worker
+    # had started) while its process went on heartbeating: a second run of the index
+    # would read its queues twice.
+    state = DesiredState(2, allocate(QUEUES, 2))
+    zero, one = _requests(instance, state, now=time.time())
+    _start(instance, one)
+    run = _start(instance, zero, pid=live.pid)
+    now = time.time()
+    _beat(instance, run, live.pid, now)
+    instance.report_run_failed(run, "Ignoring a duplicate run (from outside)")
+    _status(instance, run, dg.DagsterRunStatus.FAILURE)
+    for tick in range(3):
+        requests, lines = _plan(instance, state, now + tick)
+        assert requests == []
+        assert any(f"run {run.run_id} is FAILURE in Dagster" in line for line in lines), lines
+    # Its process gone (it saw its status and left): the index is launched again.
+    live.kill()
+    live.wait()
+    (request,) = _requests(instance, state, now=time.time())
+    assert request.tags[INSTANCE_INDEX_TAG] == "0"
+
+
+def test_a_run_dagster_ended_from_outside_stops_itself() -> None:
+    # The other half: the run sees its own status and leaves at its next round
+    # (before touching its engine), naming why.
+    seen: list[str] = []
+
+    @dg.op
+    def ended_from_outside(context: dg.OpExecutionContext) -> None:
+        context.instance.report_run_failed(context.dagster_run, "marked failed from outside")
+        heart = SimpleNamespace(follower=object())  # the loop leaves before using either
+        config = InstanceConfig(topology=NAME, generation=1, instance_index=0)
+        reason = _supervise(context, config, None, heart, threading.Event(), 30.0)  # type: ignore[arg-type]
+        seen.append(reason)
+
+    @dg.job
+    def disowned() -> None:
+        ended_from_outside()
+
+    disowned.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert len(seen) == 1 and seen[0].startswith(DISOWNED), seen
+    assert "Dagster marked this run FAILURE while it ran" in seen[0]
 
 
 def test_no_second_run_while_a_run_is_queued_or_starting(
