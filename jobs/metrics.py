@@ -57,6 +57,7 @@ import dagster as dg
 from stream_assets.control.desired_state import DesiredState, DesiredStateStore
 from stream_assets.control.lineage import topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
+    RUN_KEY,
     InstanceReport,
     aggregate,
     parse_instance_metadata,
@@ -119,14 +120,17 @@ def latest_reports(
     reports: dict[str, InstanceReport] = {}
     newest = 0
     for record in records:
-        if record.run_id not in run_ids or record.run_id in reports:
-            continue
         observation = record.asset_observation
         if observation is None:
             continue
-        report = parse_instance_metadata(observation.metadata, record.run_id, record.timestamp)
+        # Instances observe runless, naming their run (RUN_KEY); older ones in their run.
+        label = observation.metadata.get(RUN_KEY)
+        run_id = str(getattr(label, "value", "")) if label is not None else record.run_id
+        if run_id not in run_ids or run_id in reports:
+            continue
+        report = parse_instance_metadata(observation.metadata, run_id, record.timestamp)
         if report is not None:
-            reports[record.run_id] = report
+            reports[run_id] = report
             newest = max(newest, record.storage_id)
     return sorted(reports.values(), key=lambda r: (r.index, r.run_id)), newest
 

@@ -54,6 +54,9 @@ from stream_assets.plan.topology import Topology
 INSTANCE_KEY = "instance"
 #: Metadata key of an allocation generation (text: an identifier, not a number to plot).
 GENERATION_KEY = "generation"
+#: The run that wrote an instance's observation: it is runless, so that a run's
+#: log is not an observation every 10 s (the Plots tab is where they are read).
+RUN_KEY = "run"
 
 #: The topology asset's headline, in reading order: total lag (uncommitted messages of
 #: every stage input), input and output records/s, dead letters (since the running

@@ -15,7 +15,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
+from dagster._core.events import DagsterEventType
 
 from stream_assets.control.alerts import Alert
 from stream_assets.control.allocation import allocate
@@ -28,6 +28,7 @@ from stream_assets.control.desired_state import (
 from stream_assets.control.lineage import lineage_asset_specs, topic_asset_key, topology_asset_key
 from stream_assets.control.metrics import (
     HEADLINE,
+    RUN_KEY,
     InstanceNumbers,
     InstanceReport,
     Rate,
@@ -247,10 +248,15 @@ def test_observe_writes_the_topology_asset_only_with_the_instance_and_its_rate()
         observe_twice()
 
     instance = dg.DagsterInstance.ephemeral()
-    assert observe_job.execute_in_process(instance=instance).success
+    result = observe_job.execute_in_process(instance=instance)
+    assert result.success
     records = instance.fetch_observations(topology_asset_key("wordcount"), limit=10).records
     first, second = [r.asset_observation.metadata for r in reversed(records)]  # type: ignore[union-attr]
     assert first["instance"].value == "1" and first["generation"].value == "5"
+    # Runless, naming the run: the run's own log carries no observation every 10 s.
+    assert first["run"].value == second["run"].value == result.run_id
+    in_log = instance.all_logs(result.run_id, of_type=DagsterEventType.ASSET_OBSERVATION)
+    assert not in_log
     assert "instance_1.records_per_s" not in first  # no rate from one sample: not 0
     rate = second["instance_1.records_per_s"].value
     assert isinstance(rate, float)
@@ -308,17 +314,9 @@ def _dead_pid() -> int:
 def _observe_as(
     instance: dg.DagsterInstance, run_id: str, key: dg.AssetKey, metadata: Mapping[str, Any]
 ) -> None:
-    """Store an observation as an instance run's op would log it."""
-    instance.report_dagster_event(
-        DagsterEvent(
-            event_type_value=DagsterEventType.ASSET_OBSERVATION.value,
-            job_name=INSTANCE_JOB,
-            event_specific_data=AssetObservationData(
-                dg.AssetObservation(asset_key=key, metadata=metadata)
-            ),
-        ),
-        run_id=run_id,
-    )
+    """Store an observation as an instance run's op does: runless, naming its run."""
+    labelled = {**metadata, RUN_KEY: dg.MetadataValue.text(run_id)}
+    instance.report_runless_asset_event(dg.AssetObservation(asset_key=key, metadata=labelled))
 
 
 def _events_by_key(result: dg.SensorResult) -> dict[str, dict[str, Any]]:
