@@ -320,7 +320,12 @@ class LocalCluster:
         return self._bring_up(self.group_nodes(group), with_namesrv=False)
 
     def _bring_up(self, nodes: Sequence[ClusterNode], with_namesrv: bool) -> ClusterStatus:
-        deadline = time.monotonic() + self.settings.start_timeout_s
+        # Each wait's timeout starts when what it waits for starts: resolving the classpath
+        # (a minute on a cold, busy machine) and the name server's start are not a
+        # broker's.
+        def deadline() -> float:
+            return time.monotonic() + self.settings.start_timeout_s
+
         status = self.status()
         start_namesrv = status.namesrv_pid is None
         if start_namesrv and not with_namesrv:
@@ -341,14 +346,14 @@ class LocalCluster:
         spawned: dict[str, subprocess.Popen[bytes]] = {}
         if start_namesrv:
             spawned[NAMESRV] = jvm.spawn_jvm(self._namesrv_spec(), cp, self.progress)
-            self._wait("the name server to answer", lambda t: t is not None, spawned, deadline)
+            self._wait("the name server to answer", lambda t: t is not None, spawned, deadline())
         for role in ROLES:
             batch = [n for n in missing if n.role == role]
             for node in batch:
                 spawned[node.name] = jvm.spawn_jvm(self._broker_spec(node), cp, self.progress)
             if batch:
-                self._wait_registered(batch, spawned, deadline)
-        self._wait_registered(nodes, spawned, deadline)
+                self._wait_registered(batch, spawned, deadline())
+        self._wait_registered(nodes, spawned, deadline())
         status = self.status()
         self.progress(status.describe())
         return status

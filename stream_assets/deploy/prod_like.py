@@ -40,7 +40,7 @@ from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 from pydantic import SecretStr
 
 from stream_assets.broker.cluster import LocalCluster
-from stream_assets.broker.jvm import Progress, print_progress
+from stream_assets.broker.jvm import Progress, print_progress, tail
 from stream_assets.control.registry import registration
 from stream_assets.deploy.daemons import Daemon, DeployError, wait_for
 from stream_assets.deploy.dagster_host import DagsterHost
@@ -348,5 +348,11 @@ class ProdLike:
 
 
 def _state(daemon: Daemon) -> str:
+    """``running (pid 4242)``, or ``stopped`` with the last lines of its log when it ran."""
     pid = daemon.pid()
-    return f"running (pid {pid})" if pid else "stopped"
+    if pid:
+        return f"running (pid {pid})"
+    if not daemon.log_file.exists():
+        return "stopped"
+    last = tail(daemon.log_file, 3).replace("\n", "\n             | ")
+    return f"stopped; last lines of {daemon.log_file}:\n             | {last}\n            "
