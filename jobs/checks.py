@@ -73,6 +73,7 @@ from stream_assets.jobs.instance_job import INSTANCE_JOB
 from stream_assets.jobs.supervisor import failure_message, run_index
 from stream_assets.plan.topology import Topology
 from stream_assets.resources.rocketmq import RocketMQResource
+from stream_assets.rocketmq.acl import CHECKS_GROUP
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import current_layout
@@ -194,7 +195,7 @@ class RocketMQProbe:
 
     def __init__(self, admin: RocketMQAdmin) -> None:
         self.admin = admin
-        self.reader = QueueReader(admin, "stream-assets-checks", max_batch=16)
+        self.reader = QueueReader(admin, CHECKS_GROUP, max_batch=16)
 
     def __enter__(self) -> Self:
         return self

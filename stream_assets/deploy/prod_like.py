@@ -226,9 +226,10 @@ class ProdLike:
         topology = self.topology()
         s = self.settings
         users = {
+            # The code location signs as the app user too: its checks read the sink.
             s.app_user: (
                 self.secrets["STREAM_ASSETS_ROCKETMQ_SECRET_KEY"],
-                acl.topology_grants(topology),
+                [*acl.topology_grants(topology), *acl.checks_grants(topology)],
             ),
             s.feeder_user: (
                 self.secrets["FEEDER_SECRET_KEY"],

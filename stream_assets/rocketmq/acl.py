@@ -52,6 +52,8 @@ AUTH_DELETE_ACL = 3008
 AUTH_GET_ACL = 3009
 #: A request the broker authenticates but authorizes against no resource.
 GET_BROKER_RUNTIME_INFO = 28
+#: The consumer group the topology checks pull as (jobs/checks.py).
+CHECKS_GROUP = "stream-assets-checks"
 #: ResponseCode.NO_PERMISSION: every ACL 2.0 refusal (and a few non-ACL ones).
 NO_PERMISSION = 16
 #: ResponseCode.INVALID_PARAMETER: how the broker answers the publish probe it let through.
@@ -391,6 +393,28 @@ def topology_grants(
         Grant(f"Group:{group}-*", ("Sub", "Get", "Update"), why + "; -planned, -warm, ..."),
     ]
     return grants
+
+
+def checks_grants(topology: Topology) -> list[Grant]:
+    """What the topology checks (``jobs/checks.py``) read beyond :func:`topology_grants`.
+
+    The freshness check pulls the newest message of each sink and the lag check
+    the oldest waiting one, as group ``stream-assets-checks``: give these to the
+    user the Dagster code location signs as.
+
+    >>> from stream_assets.examples import wordcount
+    >>> for g in checks_grants(wordcount.build()):
+    ...     print(g.resource, ",".join(g.actions))
+    Topic:wordcount-out Sub,Get
+    Group:stream-assets-checks Sub,Get
+    """
+    return [
+        *(
+            Grant(f"Topic:{t}", ("Sub", "Get"), "the checks: newest message (Sub), offsets (Get)")
+            for t in topology.sink_topics
+        ),
+        Grant(f"Group:{CHECKS_GROUP}", ("Sub", "Get"), "the checks' pulls (Sub), offsets (Get)"),
+    ]
 
 
 # -- fail fast ----------------------------------------------------------------------
