@@ -13,11 +13,6 @@ whichever master runs the tasks.
 - ``launcher=True``: they run ``stream-assets-worker-python``, which connects
   first: a held runner is late with its imports only, which Spark waits for.
 
-``slow_query_start_site(dir, hold_s)`` makes starting a streaming query take
-``hold_s`` longer in the driver (an instance's own process), each time it is
-armed (:func:`arm`): as a JVM that answers slowly on a starved machine. It is
-what an instance's run loop waits on when it starts or restarts its queries.
-
 :class:`UnreachableCodeServerLauncher` makes Dagster's run launches fail as
 they do when its code server does not answer in time.
 
@@ -103,83 +98,6 @@ def late_source_runner_python(
 def held_back(held: Path) -> int:
     """How many runners the wrapper has held back so far."""
     return sum(1 for _ in held.iterdir())
-
-
-# Loaded by every Python started with this directory on PYTHONPATH; only a process
-# that imports PySpark's DataStreamWriter (an instance's driver) is affected: its
-# start() first takes one hold from the budget, if any is left.
-_SLOW_START_SITE = """
-import importlib.util, os, sys, time
-
-_MODULE = "pyspark.sql.streaming.readwriter"
-
-def _hold():
-    with open({budget!r}) as f:
-        times = int(f.read() or 0)
-    for i in range(1, times + 1):
-        try:
-            os.mkdir(os.path.join({held!r}, str(i)))
-        except FileExistsError:
-            continue
-        time.sleep({hold})
-        return
-
-class _Patching:
-    # A loader of its own around the real one: a zip's loader is shared by every
-    # module in the zip (Spark's workers import PySpark from pyspark.zip).
-    def __init__(self, inner):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        start = module.DataStreamWriter.start
-
-        def slow_start(self, *args, **kwargs):
-            _hold()
-            return start(self, *args, **kwargs)
-
-        module.DataStreamWriter.start = slow_start
-
-class _SlowStart:
-    def find_spec(self, name, path=None, target=None):
-        if name != _MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        spec.loader = _Patching(spec.loader)
-        return spec
-
-sys.meta_path.insert(0, _SlowStart())
-"""
-
-
-def slow_query_start_site(directory: Path, hold_s: float) -> tuple[Path, Path]:
-    """A directory to put on PYTHONPATH, and the one recording each held query start.
-
-    Disarmed until :func:`arm` gives it starts to hold.
-    """
-    held, site = directory / "held", directory / "site"
-    held.mkdir(parents=True, exist_ok=True)
-    site.mkdir(parents=True, exist_ok=True)
-    (directory / "budget").write_text("0")
-    (site / "sitecustomize.py").write_text(
-        _SLOW_START_SITE.format(budget=str(directory / "budget"), held=str(held), hold=hold_s)
-    )
-    return site, held
-
-
-def arm(held: Path, more: int) -> None:
-    """Hold the next ``more`` query starts too (``held``: as returned with the site).
-
-    Example::
-
-        >>> site, held = slow_query_start_site(tmp, hold_s=25)  # doctest: +SKIP
-        >>> arm(held, 2)  # the next two query starts take 25 s longer  # doctest: +SKIP
-    """
-    (held.parent / "budget").write_text(str(held_back(held) + more))
 
 
 class UnreachableCodeServerLauncher(DefaultRunLauncher):

@@ -14,7 +14,6 @@ The credentials below are throwaway values for this test broker only.
 
 from __future__ import annotations
 
-import collections
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import OutgoingMessage
 from stream_assets.settings import BrokerSettings, RocketMQSettings, local_dir
-from tests.integration._engine_util import Message, final_counts, produce, read_topic
+from tests.integration._engine_util import Message, produce
 from tests.integration.conftest import EngineHarness
 
 NAMESRV_PORT = 21876
@@ -246,39 +245,6 @@ def test_a_user_lacking_a_grant_is_refused_with_the_operation_named(
 
 
 # -- 4. WordCount end to end as the non-admin ---------------------------------------------
-
-
-def test_wordcount_as_a_non_admin_equals_counter(
-    acl_broker: LocalBroker, root: RocketMQAdmin, tmp_path: Path
-) -> None:
-    job, topology = _job("acl-wc")
-    source, sink = topology.source_topic, topology.sink_topics[0]
-    root.create_topic(source, 2)
-    vocabulary = [f"w{i}" for i in range(50)]
-    lines = [
-        " ".join(vocabulary[(i * 7 + j * 3) % len(vocabulary)] for j in range(1 + i % 5))
-        for i in range(600)
-    ]
-    produce(
-        root.settings, source, [Message(line.encode(), key=str(i)) for i, line in enumerate(lines)]
-    )
-    reference = collections.Counter(w for line in lines for w in line.lower().split())
-    app = App(acl_broker, root, acl.topology_grants(topology))
-    harness = EngineHarness(app.settings)
-    try:
-        acl.check_credentials(app.admin, topology.source_topics, job)
-        inst = harness.start(harness.instance(topology, tmp_path / "state"))
-        inst.await_caught_up(CATCH_UP_S)
-        assert final_counts(read_topic(root, sink)) == dict(reference)
-    finally:
-        harness.stop_all()  # the SparkSession stays for the rest of the session
-        app.admin.close()
-    # No file the run left holds the user's secret: checkpoints (the instance's
-    # client-settings.json is removed on stop) and the C++ client's logs.
-    for folder in (local_dir() / "checkpoints" / job, app.settings.resolved_client_log_dir()):
-        for path in folder.rglob("*") if folder.exists() else []:
-            if path.is_file():
-                assert app.secret.encode() not in path.read_bytes(), f"secret in {path}"
 
 
 def test_an_instance_with_a_rotated_secret_fails_before_spark_and_leaves_no_secret(

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from stream_assets.examples import ad_join, word_histogram, wordcount, wordcount_arrow
+from stream_assets.examples import ad_join, word_histogram, wordcount_arrow
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
@@ -48,7 +48,6 @@ from tests.integration._engine_util import (
     unique,
     wait_until,
 )
-from tests.integration._faults import RESTART_LINE, held_back, late_source_runner_python
 
 pytestmark = pytest.mark.integration
 
@@ -205,40 +204,6 @@ def test_vectorised_wordcount_on_two_workers_with_a_worker_killed_mid_stream_cou
     voids = _assert_one_history_per_queue(admin, state_topic)
     what = "vectorised wordcount, worker 0 killed mid-stream"
     _report_state_costs(report, what, metrics["1"], voids)
-
-
-def test_wordcount_on_two_workers_restarts_a_query_whose_runner_connected_back_late(
-    spark_cluster: SparkCluster,  # noqa: F811
-    admin: RocketMQAdmin,
-    client_settings: RocketMQSettings,
-    tmp_path: Path,
-) -> None:
-    """The driver's first source runner connects back after Spark's limit: the instance
-    starts that query again, and the state on the workers' own disks stays one history."""
-    job = unique("it-clate")
-    source, sink = f"{job}-src", f"{job}-out"
-    admin.create_topic(source, 4)
-    settings = _driver_settings(client_settings)
-    lines = _lines(random.Random(43), 2_000)
-    produce(settings, source, _messages(lines, "a"), threads=2)
-    python, held = late_source_runner_python(tmp_path / "fault")
-    spec = _spec(
-        spark_cluster,
-        settings,
-        "stream_assets.examples.wordcount:build",
-        {"job_id": job, "source": source, "sink": sink},
-    )
-    with DriverProcess(spec, log_dir=tmp_path / "driver", python=str(python)) as driver:
-        driver.wait_started(240)
-        driver.await_caught_up(CATCH_UP_S)
-        driver.stop(180)
-    assert held_back(held) == 1, "the wrapper did not hold back exactly one source runner"
-    log = driver.stderr_path.read_text()
-    assert RESTART_LINE in log, log[-3000:]
-    expected = collections.Counter(w for line in lines for w in line.split())
-    assert final_counts(read_topic(admin, sink)) == dict(expected)
-    (state_topic,) = wordcount.build(job, source, sink).state_topics
-    _assert_one_history_per_queue(admin, state_topic)
 
 
 USER_PACKAGE = '''

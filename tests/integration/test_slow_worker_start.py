@@ -7,7 +7,8 @@ CPU hogs: the instance run failed and supervision had to relaunch it). Here
 importing the runner's module takes longer than that limit for the first
 runners (:mod:`tests.integration._faults`), several times in a row, as a busy
 machine can. The instance starts the query again each time and the
-counts are exact. ``test_cluster.py`` does it once on the 2-worker cluster.
+counts are exact. (The runner is a process of the driver, so the 2-worker cluster
+changes nothing here: its own copy of this test was retired for CI time.)
 
 Behind ``stream-assets-worker-python``, the Python instances give Spark by
 default, the same fault costs nothing: it connects before it imports.
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 #: Runners held back: WordCount's query (both stages) misses Spark's limit this many
 #: times in a row (each miss costs 10 s and then a restart).
-HELD = 6
+HELD = 3
 
 
 def _wordcount(

@@ -33,16 +33,13 @@ import sqlalchemy.exc
 from stream_assets.control.desired_state import heartbeats
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
-from stream_assets.jobs.checks import crash_check_key
 from stream_assets.jobs.supervisor import (
     crash_history,
-    failure_message,
     instance_runs,
     launch_failure,
 )
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import RocketMQSettings, SupervisorSettings
-from tests.integration._alert_hook import recorded
 from tests.integration._dagster_env import dagster_deployment, sensor_ticks
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
 
@@ -200,67 +197,6 @@ def _counts_exact(env: Env, admin: RocketMQAdmin, what: str) -> None:
 
 
 # -- the tests (in order: they share the topology and its input) -------------------------------
-
-
-def test_killed_instance_is_marked_failed_replaced_exactly_once_and_alerted(
-    env: Env, admin: RocketMQAdmin
-) -> None:
-    # Deploy through the start job: never deployed, so its registered default (1 instance).
-    started = _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
-    assert started.success
-    # The alert sensor must have ticked once: its first tick only sets its cursor.
-    _await_ticks(env, 1, "instance_failure_alerts")
-    env.feed(1, 1000)
-    victim = _await_beating(env, 0, "instance 0 heartbeating")
-    pid = heartbeats(env.instance, [victim.run_id])[victim.run_id].pid
-    killed_at = datetime.now(UTC)
-    os.kill(pid, signal.SIGKILL)
-
-    # Marked failed at once (not after a heartbeat timeout): by the supervisor, which
-    # finds the process gone, or by Dagster's code server, which notices that the run
-    # worker it started died, whichever looks first. The message names the cause.
-    wait_until(
-        lambda: _status(env, victim.run_id) == dg.DagsterRunStatus.FAILURE,
-        10 * TICK_S + 20,
-        "the killed run to be marked failed",
-    )
-    reason = failure_message(env.instance, victim.run_id)
-    causes = (f"process {pid} on ", "was terminated by signal 9 (SIGKILL)")
-    assert any(cause in reason for cause in causes), reason
-    replacement = _await_beating(env, 0, "the replacement heartbeating", other_than=victim.run_id)
-    _await_ticks(env, 3)
-    after = env.instance.get_run_records(
-        filters=dg.RunsFilter(
-            job_name="instance_job",
-            tags={TOPOLOGY_TAG: env.name, INSTANCE_INDEX_TAG: "0"},
-            created_after=killed_at,
-        )
-    )
-    assert [r.dagster_run.run_id for r in after] == [replacement.run_id]
-
-    # The alert: the hook got it, and the topology asset records it.
-    alert = wait_until(
-        lambda: next((a for a in recorded(env.alerts) if a["run_id"] == victim.run_id), None),
-        60,
-        "the alert hook to be called",
-    )
-    assert alert is not None
-    assert (alert["topology"], alert["instance"]) == (env.name, 0)
-    # (More than one crash if the instance failed to start before: a busy shared broker.)
-    assert int(str(alert["crashes"])) >= 1 and alert["message"] == reason
-    assert sum(a["run_id"] == victim.run_id for a in recorded(env.alerts)) == 1
-    # The topology's crash check failed with it: an alert shows as a failed check.
-    history = env.instance.event_log_storage.get_asset_check_execution_history(
-        crash_check_key(env.name), limit=50
-    )
-    alerted = [
-        h.event.asset_check_evaluation
-        for h in history
-        if h.event is not None and h.event.asset_check_evaluation is not None
-    ]
-    assert any(not e.passed and e.metadata["run_id"].value == victim.run_id for e in alerted), (
-        alerted
-    )
 
 
 def test_a_launch_the_code_server_does_not_answer_is_retried_and_not_a_crash(

@@ -46,9 +46,7 @@ def test_stop_then_start_keeps_the_allocation(
     assert "resuming 2 instances on the kept allocation" in err
 
 
-def test_start_refuses_what_the_job_refuses(
-    home: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_start_refuses_what_the_job_refuses(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with dg.DagsterInstance.get() as instance:
         store = DesiredStateStore(instance)
         state = store.get("wordcount")
