@@ -2,12 +2,12 @@
 
 A topic is the union of its queues on both groups: every source here has 4
 queues on ``broker-a`` and 4 on ``broker-b``, and every answer is compared with
-a reference computed from the input with plain Python. Failover: ``kill -9``
-of broker-a's master (its slave keeps reads going), and broker-b stopped as a
-whole for 30 s; nothing is lost or doubled, and the job starts again cleanly.
-Stateful logic on two Spark workers under CPU load, a worker killed: a windowed
-join, and the user's processors (de-duplication with a TTL, sessions closed by timers
-under a TTL shorter than their gap).
+a reference computed from the input with plain Python. Failover: broker-b
+stopped as a whole for 30 s; nothing is lost or doubled, and the job starts
+again cleanly. Stateful logic on two Spark workers under CPU load, a worker
+killed: the user's processors (de-duplication with a TTL, sessions closed by
+timers under a TTL shorter than their gap). (A windowed join on two workers is
+test_cluster.py's; a slave serving reads is test_rocketmq_cluster.py's.)
 
 The cluster is ``tests/integration/_rocketmq_cluster.py``'s (own ports and
 stores); the instances share the session's SparkSession.
@@ -28,7 +28,7 @@ import pytest
 from stream_assets.broker.cluster import LocalCluster
 from stream_assets.control.allocation import allocate, topology_queues
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples import ad_join, windowed_sum, wordcount, wordcount_arrow
+from stream_assets.examples import windowed_sum, wordcount, wordcount_arrow
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
@@ -55,12 +55,7 @@ from tests.integration._load import cpu_hog
 from tests.integration._process_topologies import dedup_and_sessions
 from tests.integration.conftest import EngineHarness
 from tests.integration.test_cluster import (
-    _assert_one_history_per_queue,
     _driver_settings,
-    _report_state_costs,
-    _spec,
-    ad_join_case,
-    ad_join_results,
 )
 from tests.integration.test_engine import (
     BASE_TS,
@@ -369,73 +364,6 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
 
 
 # -- a windowed join on the 2-worker Spark cluster, two broker groups, CPU load ---------
-
-
-def test_a_windowed_join_on_two_spark_workers_over_two_broker_groups_under_load(
-    spark_cluster: SparkCluster,  # noqa: F811
-    cluster_admin: RocketMQAdmin,
-    cluster_settings: RocketMQSettings,
-    tmp_path: Path,
-    report: Any,
-) -> None:
-    """Two workers that cannot see each other's disks, both topics on both groups,
-    the machine's CPUs busy: the join equals the reference from the input."""
-    job = unique("it-mb-join")
-    shown, clicked, sink = f"{job}-imp", f"{job}-clk", f"{job}-out"
-    layouts = {}
-    for topic in (shown, clicked):
-        cluster_admin.create_topic(topic, 2)  # 2 per group: 4 queues
-        layouts[topic] = current_layout(cluster_admin, topic)
-        assert layouts[topic].brokers == GROUPS
-    settings = _driver_settings(cluster_settings)
-    window = 10_000
-    impressions, clicks, expected = ad_join_case(71, queues=4, window_ms=window)
-    spec = _spec(
-        spark_cluster,
-        settings,
-        "stream_assets.examples.ad_join:build",
-        {
-            "job_id": job,
-            "impressions": shown,
-            "clicks": clicked,
-            "sink": sink,
-            "window_s": window // 1000,
-            "idle_timeout_s": 3,
-        },
-    )
-
-    def joined() -> collections.Counter[tuple[Any, ...]]:
-        return ad_join_results(cluster_admin, sink)
-
-    with cpu_hog(2), DriverProcess(spec, log_dir=tmp_path / "driver") as driver:
-        driver.wait_started(300)
-        with BatchProducer(settings) as producer:
-            producer.pin(layouts.values())  # queue_id = layout index, on both groups
-            for topic, per_queue in ((shown, impressions), (clicked, clicks)):
-                producer.send_all(
-                    [
-                        OutgoingMessage(topic, json.dumps(e).encode(), queue_id=q)
-                        for q, evs in per_queue.items()
-                        for e in evs
-                    ]
-                )
-        wait_until(
-            lambda: sum(joined().values()) >= sum(expected.values()),
-            CATCH_UP_S * 2,
-            "every impression joined",
-            poll_s=1.0,
-        )
-        driver.await_caught_up(CATCH_UP_S)
-        metrics = driver.stop(180)["metrics"]
-
-    assert joined() == expected
-    assert metrics["2"]["totals"]["late"] == 0
-    (state_topic,) = ad_join.build(job, shown, clicked, sink).state_topics
-    _assert_spread(cluster_admin, ad_join.build(job, shown, clicked, sink), 4)
-    voids = _assert_one_history_per_queue(cluster_admin, state_topic)
-    _report_state_costs(
-        report, "ad join on two workers over two broker groups", metrics["2"], voids
-    )
 
 
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---

@@ -33,13 +33,16 @@ import sqlalchemy.exc
 from stream_assets.control.desired_state import heartbeats
 from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
+from stream_assets.jobs.checks import crash_check_key
 from stream_assets.jobs.supervisor import (
     crash_history,
+    failure_message,
     instance_runs,
     launch_failure,
 )
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.settings import RocketMQSettings, SupervisorSettings
+from tests.integration._alert_hook import recorded
 from tests.integration._dagster_env import dagster_deployment, sensor_ticks
 from tests.integration._engine_util import Message, final_counts, produce, read_topic, wait_until
 
@@ -196,13 +199,45 @@ def _counts_exact(env: Env, admin: RocketMQAdmin, what: str) -> None:
     )
 
 
+def _assert_alerted_once(env: Env, run_id: str, reason: str) -> None:
+    """The hook got the alert of failed run ``run_id`` once, and the topology's crash
+    check failed with it (an alert shows as a failed check)."""
+    alert = wait_until(
+        lambda: next((a for a in recorded(env.alerts) if a["run_id"] == run_id), None),
+        60,
+        "the alert hook to be called",
+    )
+    assert alert is not None
+    assert (alert["topology"], alert["instance"]) == (env.name, 0)
+    # (More than one crash if the instance failed to start before: a busy shared broker.)
+    assert int(str(alert["crashes"])) >= 1 and alert["message"] == reason
+    assert sum(a["run_id"] == run_id for a in recorded(env.alerts)) == 1
+    history = env.instance.event_log_storage.get_asset_check_execution_history(
+        crash_check_key(env.name), limit=50
+    )
+    alerted = [
+        h.event.asset_check_evaluation
+        for h in history
+        if h.event is not None and h.event.asset_check_evaluation is not None
+    ]
+    assert any(not e.passed and e.metadata["run_id"].value == run_id for e in alerted), alerted
+
+
 # -- the tests (in order: they share the topology and its input) -------------------------------
 
 
-def test_a_launch_the_code_server_does_not_answer_is_retried_and_not_a_crash(
+def test_a_killed_run_is_alerted_and_its_replacement_outlasts_a_silent_code_server(
     env: Env, admin: RocketMQAdmin
 ) -> None:
-    """The replacement of a killed run meets a code server that times out three times."""
+    """Deployed by the start job. A killed run is marked failed naming the cause and
+    alerted once (hook and crash check); its replacement meets a code server that times
+    out three times: retried, not counted as a crash. (One kill for both: CI time.)"""
+    # Deploy through the start job: never deployed, so its registered default (1 instance).
+    started = _job("start_topology_job", env.instance, topology=env.name, wait_s=600)
+    assert started.success
+    # The alert sensor must have ticked once: its first tick only sets its cursor.
+    _await_ticks(env, 1, "instance_failure_alerts")
+    env.feed(1, 1000)
     victim = _await_beating(env, 0, "instance 0 heartbeating")
     pid = heartbeats(env.instance, [victim.run_id])[victim.run_id].pid
     refuse = env.home / "refuse"
@@ -210,7 +245,20 @@ def test_a_launch_the_code_server_does_not_answer_is_retried_and_not_a_crash(
     before = crash_history(env.instance, env.name, 0, time.time(), SupervisorSettings())
     known = {r.run_id for r in _runs(env, 0)}
     os.kill(pid, signal.SIGKILL)
+
+    # Marked failed at once (not after a heartbeat timeout): by the supervisor, which
+    # finds the process gone, or by Dagster's code server, which notices that the run
+    # worker it started died, whichever looks first. The message names the cause.
+    wait_until(
+        lambda: _status(env, victim.run_id) == dg.DagsterRunStatus.FAILURE,
+        10 * TICK_S + 20,
+        "the killed run to be marked failed",
+    )
+    reason = failure_message(env.instance, victim.run_id)
+    causes = (f"process {pid} on ", "was terminated by signal 9 (SIGKILL)")
+    assert any(cause in reason for cause in causes), reason
     replacement = _await_beating(env, 0, "a replacement heartbeating", other_than=victim.run_id)
+    _assert_alerted_once(env, victim.run_id, reason)
     assert refuse.read_text() == "0", "the launcher did not refuse three launches"
     # Dagster's run queue retried once, then failed the first replacement; the supervisor
     # launched another (refused once, retried, started), saying why, without counting it.
