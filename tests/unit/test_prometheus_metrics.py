@@ -548,11 +548,15 @@ def test_endpoint_ports_per_topology_and_instance(monkeypatch: pytest.MonkeyPatc
 
 
 class _Context:
+    """What ``_observe`` uses of an op's context: its run id and the instance's runless
+    events (an instance's observations are runless, labelled with the run)."""
+
     def __init__(self) -> None:
         self.events: list[Any] = []
-        self.log = self
+        self.run_id = "run-1"
+        self.instance = self
 
-    def log_event(self, event: Any) -> None:
+    def report_runless_asset_event(self, event: Any) -> None:
         self.events.append(event)
 
 
@@ -580,3 +584,4 @@ def test_the_instance_observation_carries_the_endpoint_url() -> None:
     with_url, without = (e.metadata for e in context.events)
     assert with_url["instance_1.metrics_url"].value == url
     assert "instance_1.metrics_url" not in without
+    assert with_url["run"].value == without["run"].value == "run-1"
