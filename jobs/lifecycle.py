@@ -143,6 +143,7 @@ def stop(
         >>> stop(DagsterInstance.get(), "wordcount", 300.0, False, log)  # doctest: +SKIP
         (2, ['8f0c...', '1b2e...'])
     """
+    registered(name)  # an unknown name fails here, changing nothing
     store = DesiredStateStore(instance)
     current = store.get(name)
     _refuse_if_busy(name, current, "stop")
@@ -300,6 +301,7 @@ def start(
         ...       EngineSettings(), 600.0, log)  # doctest: +SKIP
         {'instances': 2, 'generation': 3, 'started': True}
     """
+    reg = registered(name)  # an unknown name fails here, changing nothing
     if target_instances < 0:
         raise failure(
             f"target_instances must be >= 0 (0: as before the stop), got "
@@ -315,7 +317,7 @@ def start(
         )
         return {"instances": current.target_instances, "started": False}
     old = current.allocation if current else None
-    count = target_instances or (old.instances if old else registered(name).default_instances)
+    count = target_instances or (old.instances if old else reg.default_instances)
     topics = _upgraded_topics(name, rocketmq, log)
     same_topics = topics is None or (old is not None and set(old.assignment[0]) == topics)
     if old is not None and old.instances == count and same_topics:

@@ -57,6 +57,17 @@ def test_start_refuses_what_the_job_refuses(home: Path, capsys: pytest.CaptureFi
     assert _desired(home) == DesiredState(0, state.allocation, paused=True)  # unchanged
 
 
+def test_an_unknown_topology_changes_nothing(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = _desired(home)
+    assert main(["stop", "no-such-topology"]) == 1
+    assert "unknown topology 'no-such-topology'" in capsys.readouterr().err
+    with dg.DagsterInstance.get() as instance:
+        assert DesiredStateStore(instance).get("no-such-topology") is None
+    assert _desired(home) == before
+
+
 def test_without_a_dagster_home_it_says_where_to_point(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
