@@ -165,6 +165,7 @@ def topology_events(
     now: float,
     settings: MetricsSettings,
     seen: Mapping[str, Any],
+    supervisor: SupervisorSettings,
 ) -> tuple[list[MetricsEvent], dict[str, Any]]:
     """One topology's events this tick, and its cursor entry after them.
 
@@ -176,7 +177,7 @@ def topology_events(
     reports, newest = latest_reports(instance, job_id, run_ids, now - settings.stale_s)
     # Serving, not merely unfinished: a queued, starting or killed run is no running
     # instance. Part of the signature: when the last instance dies, no report is fresh.
-    running = len(serving_runs(instance, runs, now, SupervisorSettings()))
+    running = len(serving_runs(instance, runs, now, supervisor))
     signature = _desired_signature(state, running)
     fresh = newest > int(seen.get("seen", 0))
     if not fresh and signature == seen.get("desired"):
@@ -242,6 +243,7 @@ def build_metrics_sensor(
     def metrics_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         now = time.time()
         current = settings or MetricsSettings()
+        supervisor = SupervisorSettings()  # once a tick: what "serving" means
         cursor: dict[str, Any] = json.loads(context.cursor) if context.cursor else {}
         states = DesiredStateStore(context.instance).get_many(registrations)
         topologies = {name: reg.topology() for name, reg in registrations.items()}
@@ -256,6 +258,7 @@ def build_metrics_sensor(
                 now,
                 current,
                 cursor.get(job_id, {}),
+                supervisor,
             )
             events.extend(found)
         return dg.SensorResult(
