@@ -18,6 +18,7 @@ from stream_assets.control.registry import REGISTRY
 from stream_assets.jobs import all_scale_schedules, roundtrip_job
 from stream_assets.jobs.alerts import instance_failure_alerts
 from stream_assets.jobs.checks import TOPOLOGY_CHECKS, topology_checks_job, topology_checks_sensor
+from stream_assets.jobs.control_retries import control_run_retries
 from stream_assets.jobs.demo import wordcount_demo_job
 from stream_assets.jobs.instance_job import instance_job
 from stream_assets.jobs.lifecycle import start_topology_job, stop_topology_job
@@ -57,6 +58,7 @@ defs = dg.Definitions(
     schedules=all_scale_schedules(REGISTRY.values(), scale_job),
     sensors=[
         supervisor_sensor,
+        control_run_retries,
         instance_failure_alerts,
         topology_metrics_sensor,
         topology_checks_sensor,

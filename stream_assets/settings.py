@@ -544,6 +544,13 @@ class DeploySettings(BaseSettings):
         "between machines.",
     )
     webserver_port: int = Field(default=3300, gt=0, lt=65536)
+    code_server_port: int = Field(
+        default=4266,
+        gt=0,
+        lt=65536,
+        description="The code location's gRPC server (dagster code-server), which the "
+        "webserver and the daemon share.",
+    )
     metrics_port: int = Field(
         default=9550, ge=0, lt=65536, description="Instance i serves Prometheus on this + i."
     )

@@ -1,13 +1,15 @@
-"""The Dagster host: the webserver and the daemon as separate processes over one code location.
+"""The Dagster host: the code server, the webserver and the daemon as separate processes.
 
-``dg dev`` runs both in one process tree on SQLite, which suits a laptop. Here, as
+``dg dev`` runs them in one process tree on SQLite, which suits a laptop. Here, as
 on a server: ``DAGSTER_HOME`` holds ``infra/deploy/dagster/dagster.yaml`` (run,
-event-log and schedule storage in PostgreSQL, the default run launcher), the
-schema is created once by ``dagster instance migrate`` before either process
-opens it, then ``dagster-webserver`` (the UI and GraphQL) and ``dagster-daemon``
-(the run queue, the supervisor and other sensors, schedules, run monitoring)
-start, each a service of its own. Each launches runs from a code server of its
-own, as children: instance runs (their Spark drivers) run on this host.
+event-log and schedule storage in PostgreSQL, the project's run launcher), the
+schema is created once by ``dagster instance migrate`` before any process opens
+it, then ``dagster code-server`` (the code location, loaded once), ``dagster-
+webserver`` (the UI and GraphQL) and ``dagster-daemon`` (the run queue, the
+supervisor and other sensors, schedules, run monitoring) start, each a service of
+its own; the last two reach the first over gRPC (infra/deploy/dagster/
+workspace.yaml says why it is not theirs to start). Runs are children of the code
+server: instance runs (their Spark drivers) run on this host.
 
 Example::
 
@@ -30,22 +32,47 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+import yaml
+from dagster._core.errors import DagsterUserCodeUnreachableError
+from dagster._grpc.client import DagsterGrpcClient
+from dagster._serdes import deserialize_value
+from dagster_shared.error import SerializableErrorInfo
 
 from stream_assets.deploy.daemons import Daemon, DeployError, wait_for
 from stream_assets.deploy.env_files import DEPLOY_DIR
 
 _BIN = Path(sys.executable).parent
+#: The code location's module, and its name in Dagster (runs record it in their origin).
+DEFINITIONS = "stream_assets.definitions"
 
 
 class DagsterHost:
-    """DAGSTER_HOME under ``home``, a webserver on ``host:port`` and a daemon, with ``env``."""
+    """DAGSTER_HOME under ``home``; a code server on ``host:code_server_port``, a webserver on
+    ``host:port`` and a daemon, each run with ``env``."""
 
-    def __init__(self, home: Path, port: int, env: Mapping[str, str], host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        home: Path,
+        port: int,
+        env: Mapping[str, str],
+        host: str = "127.0.0.1",
+        code_server_port: int = 4266,
+    ):
         self.home = home.resolve()
         self.dagster_home = self.home / "dagster_home"
-        self.port, self.host = port, host
+        self.port, self.host, self.code_server_port = port, host, code_server_port
         self.env = {**os.environ, **env, "DAGSTER_HOME": str(self.dagster_home)}
         workspace = str(self.dagster_home / "workspace.yaml")
+        self.code_server = Daemon(
+            "dagster-code-server",
+            [
+                *(str(_BIN / "dagster"), "code-server", "start"),
+                *("-h", host, "-p", str(code_server_port)),
+                *("-m", DEFINITIONS, "--location-name", DEFINITIONS),
+            ],
+            self.home,
+            self.dagster_home,
+        )
         self.webserver = Daemon(
             "dagster-webserver",
             [str(_BIN / "dagster-webserver"), "-h", host, "-p", str(port), "-w", workspace],
@@ -64,10 +91,14 @@ class DagsterHost:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        """Write DAGSTER_HOME, create or upgrade the schema once, start both services."""
+        """Write DAGSTER_HOME, create or upgrade the schema once, start the services that
+        do not run yet."""
         self.dagster_home.mkdir(parents=True, exist_ok=True)
-        for name in ("dagster.yaml", "workspace.yaml"):
-            shutil.copyfile(DEPLOY_DIR / "dagster" / name, self.dagster_home / name)
+        shutil.copyfile(DEPLOY_DIR / "dagster" / "dagster.yaml", self.dagster_home / "dagster.yaml")
+        workspace = yaml.safe_load((DEPLOY_DIR / "dagster" / "workspace.yaml").read_text())
+        for entry in workspace["load_from"]:
+            entry["grpc_server"].update(host=self.host, port=self.code_server_port)
+        (self.dagster_home / "workspace.yaml").write_text(yaml.safe_dump(workspace))
         migrate = subprocess.run(
             [str(_BIN / "dagster"), "instance", "migrate"],
             env=self.env,
@@ -77,6 +108,9 @@ class DagsterHost:
         )
         if migrate.returncode != 0:
             raise DeployError(f"dagster instance migrate failed:\n{migrate.stderr[-3000:]}")
+        # The code server first: its import is the slowest start here. Until it listens,
+        # the webserver shows the location unavailable and the daemon retries it.
+        self.code_server.start(self.env)
         self.webserver.start(self.env)
         self.daemon.start(self.env)
 
@@ -87,9 +121,17 @@ class DagsterHost:
         except (OSError, urllib.error.URLError):
             return False
 
-    def wait_ready(self, timeout_s: float = 180.0) -> float:
-        """Until the webserver answers and the daemon's sensor loop has heartbeaten."""
+    def wait_ready(self, timeout_s: float = 600.0) -> float:
+        """Until the code location is loaded, the webserver answers and the daemon's sensor
+        loop has heartbeaten. The code's import is what a loaded machine makes slow (25 s
+        at load 32, minutes past 40: docs/operating.md, "A slow machine")."""
         started = time.monotonic()
+        wait_for(
+            lambda: code_location_loaded(self.host, self.code_server_port),
+            timeout_s,
+            "the Dagster code server",
+            self.code_server,
+        )
         wait_for(self._answers, timeout_s, "the Dagster webserver", self.webserver)
         with self.instance() as instance:
 
@@ -125,3 +167,20 @@ class DagsterHost:
     def stop(self) -> None:
         self.daemon.stop()
         self.webserver.stop()
+        self.code_server.stop()
+
+
+def code_location_loaded(host: str, port: int) -> bool:
+    """Whether the code server on ``host:port`` has loaded its code location (it does not
+    listen before); raises :class:`DeployError` with the error if loading failed."""
+    client = DagsterGrpcClient(port=port, host=host)
+    try:
+        answer = deserialize_value(client.list_repositories())
+    except DagsterUserCodeUnreachableError:
+        return False
+    if isinstance(answer, SerializableErrorInfo):
+        raise DeployError(
+            f"the code location {DEFINITIONS} failed to load (fix it, then start again):\n"
+            f"{answer.to_string()[-3000:]}"
+        )
+    return True

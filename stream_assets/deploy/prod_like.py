@@ -110,7 +110,11 @@ class ProdLike:
             host=s.host,
         )
         self.dagster = DagsterHost(
-            self.home / "dagster", s.webserver_port, {**self.dagster_env(), **(dagster_env or {})}
+            self.home / "dagster",
+            s.webserver_port,
+            {**self.dagster_env(), **(dagster_env or {})},
+            s.host,
+            s.code_server_port,
         )
         self.feeder = Daemon(
             "feeder",
@@ -339,7 +343,8 @@ class ProdLike:
             f" {s.spark_master_url}, {spark_alive}/{s.spark_workers} workers alive;"
             f" UI {self.spark.master_ui}",
             f"dagster    webserver {_state(self.dagster.webserver)} {self.dagster.url},"
-            f" daemon {_state(self.dagster.daemon)}",
+            f" daemon {_state(self.dagster.daemon)},"
+            f" code server {_state(self.dagster.code_server)} :{s.code_server_port}",
             f"feeder     {_state(self.feeder)} -> {self.topology().source_topic}"
             f" ({s.feed_lines_per_s:g} lines/s)",
             f"metrics    http://{s.host}:{s.metrics_port}/metrics (instance 0; instance i: +i)",

@@ -3,8 +3,10 @@
 The project's instance config in a fresh DAGSTER_HOME, a WordCount registered
 under a fresh name (``STREAM_ASSETS_TOPOLOGIES`` points the code location at
 ``tests.integration._dagster_topologies``), the engine settings as
-environment for the runs the daemon launches, and a running
-``dagster-daemon`` (supervisor and other sensors). Everything is undone on exit.
+environment for the runs the daemon launches, the code location's own code
+server (``dagster code-server``, as the production-shaped deployment runs it:
+its runs are its children) and a running ``dagster-daemon`` (supervisor and
+other sensors) that reaches it over gRPC. Everything is undone on exit.
 
 Example::
 
@@ -18,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,18 +35,81 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
+from stream_assets.deploy.dagster_host import DEFINITIONS, code_location_loaded
 from stream_assets.settings import PROJECT_ROOT
 
 VENV_BIN = Path(sys.executable).parent
 
 
+@dataclass
+class CodeServer:
+    """The code location's ``dagster code-server`` on ``port``, logging to ``log``."""
+
+    port: int
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    #: Every server started, each a session of its own with the run workers it started.
+    sessions: list[int] = dataclasses.field(default_factory=list)
+
+    def start(self, module: str = DEFINITIONS) -> None:
+        """Start it serving ``module`` (under the location name runs know) and return at
+        once: it loads meanwhile (:meth:`wait_loaded`)."""
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    *(str(VENV_BIN / "dagster"), "code-server", "start"),
+                    *("-h", "127.0.0.1", "-p", str(self.port)),
+                    *("-m", module, "--location-name", DEFINITIONS),
+                ],
+                cwd=PROJECT_ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.sessions.append(self.proc.pid)
+
+    def wait_loaded(self, timeout_s: float = 600.0) -> float:
+        """Until its code location is loaded; the seconds that took."""
+        began = time.monotonic()
+        while not code_location_loaded("127.0.0.1", self.port):
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"the code server exited; see {self.log}")
+            if time.monotonic() - began > timeout_s:
+                raise TimeoutError(f"the code server did not load in {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        """End the server itself, not its session: the run workers it started live on, as
+        they do when a deployment's code server restarts."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill_all(self) -> None:
+        """End every server's whole session (teardown: the runs were cancelled first)."""
+        for session in self.sessions:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(session, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+
 @dataclass(frozen=True)
 class Deployment:
-    """Where the deployment lives, the registered topology's name, the Dagster instance."""
+    """Where the deployment lives, the registered topology's name, the Dagster instance,
+    and the code server."""
 
     home: Path
     name: str
     instance: dg.DagsterInstance
+    code_server: CodeServer
 
 
 @contextlib.contextmanager
@@ -57,10 +123,11 @@ def dagster_deployment(
     config = yaml.safe_load((PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml").read_text())
     config.update(yaml.safe_load(instance_yaml) or {})
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    code_port = _free_port()
     workspace = home / "workspace.yaml"
     workspace.write_text(
-        "load_from:\n  - python_module:\n      module_name: stream_assets.definitions\n"
-        f"      working_directory: {PROJECT_ROOT}\n"
+        "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
+        f"      port: {code_port}\n      location_name: {DEFINITIONS}\n"
     )
     run_id = uuid.uuid4().hex[:8]
     variables = {
@@ -87,21 +154,26 @@ def dagster_deployment(
     # two processes initialising it at once can both stamp the alembic version
     # table, and every later open fails (dagster-io/dagster#27390).
     instance = dg.DagsterInstance.get()
+    # The daemon launches runs (a test's run launcher is imported there), the code
+    # server loads tests' modules: the project on their path.
+    process_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
+    }
+    code_server = CodeServer(code_port, home / "code-server.log", process_env)
+    code_server.start()
     log = (home / "daemon.log").open("w")
     daemon = subprocess.Popen(
         [str(VENV_BIN / "dagster-daemon"), "run", "-w", str(workspace)],
         cwd=PROJECT_ROOT,
-        # The daemon launches runs: a test's run launcher is imported there.
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")])),
-        },
+        env=process_env,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:
-        yield Deployment(home, name, instance)
+        code_server.wait_loaded()
+        yield Deployment(home, name, instance, code_server)
     finally:
         # Supervision off first, so nothing is relaunched; then the runs are cancelled
         # while the daemon's code server, which launched them, can still terminate
@@ -124,6 +196,7 @@ def dagster_deployment(
             daemon.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
+        code_server.kill_all()
         log.close()
         instance.dispose()
         REGISTRY.pop(name, None)
@@ -132,6 +205,28 @@ def dagster_deployment(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tick_times(instance: dg.DagsterInstance, sensor: str, after: float) -> list[float]:
+    """When each completed tick of ``sensor`` since ``after`` (epoch seconds) began."""
+    times: list[float] = []
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        if state.instigator_name == sensor:
+            ticks = instance.get_ticks(
+                state.instigator_origin_id,
+                state.selector_id,
+                after=after,
+                statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED],
+            )
+            times.extend(t.timestamp for t in ticks)
+    return times
 
 
 def sensor_ticks(instance: dg.DagsterInstance, sensor: str, after: float) -> int:

@@ -27,15 +27,18 @@ Example::
 from __future__ import annotations
 
 import stat
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dagster._config.config_schema import UserConfigSchema
 from dagster._core.errors import DagsterUserCodeUnreachableError
-from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
+from dagster._core.launcher import LaunchRunContext
 from dagster._serdes.config_class import ConfigurableClassData
 
+from stream_assets.control.run_launcher import SingleWorkerRunLauncher
 from stream_assets.runtime.worker_launcher import LAUNCHER
 from tests.integration._cluster import venv_python
 
@@ -100,14 +103,16 @@ def held_back(held: Path) -> int:
     return sum(1 for _ in held.iterdir())
 
 
-class UnreachableCodeServerLauncher(DefaultRunLauncher):
-    """Dagster's default run launcher, whose launches fail as when the code server times out.
+class UnreachableCodeServerLauncher(SingleWorkerRunLauncher):
+    """The project's run launcher, whose launches fail as when the code server times out.
 
-    While the file ``fault_file`` holds a positive count, each launch takes one
-    from it and raises the error Dagster's gRPC client raises on
-    DEADLINE_EXCEEDED, instead of asking the code server to start the run. It
-    runs where Dagster's run queue launches runs (the daemon), configured in
-    the deployment's ``dagster.yaml``::
+    The file ``fault_file`` holds a script, one letter a call to the code server to
+    start a run's worker, taken from its front: ``R`` raises the error Dagster's
+    gRPC client raises on DEADLINE_EXCEEDED without asking the server (a server too
+    busy to answer); ``S`` asks the server, which spawns the worker, and raises that
+    error once it did, while the call goes on (the reply that comes too late). An
+    empty script launches as usual. It runs where Dagster's run queue launches runs (the daemon),
+    configured in the deployment's ``dagster.yaml``::
 
         run_launcher:
           module: tests.integration._faults
@@ -129,12 +134,21 @@ class UnreachableCodeServerLauncher(DefaultRunLauncher):
     ) -> UnreachableCodeServerLauncher:
         return cls(fault_file=config_value["fault_file"], inst_data=inst_data)
 
-    def launch_run(self, context: LaunchRunContext) -> None:
-        left = int(self._fault.read_text() or 0) if self._fault.exists() else 0
-        if left > 0:
-            self._fault.write_text(str(left - 1))
+    def start_worker(self, context: LaunchRunContext) -> None:
+        script = self._fault.read_text().strip() if self._fault.exists() else ""
+        if script:
+            self._fault.write_text(script[1:])
+        if script[:1] == "S":
+            # The call goes on, as a real one does past its deadline: the server spawns
+            # the worker, which loads the code; the caller gives up meanwhile.
+            threading.Thread(target=super().start_worker, args=(context,), daemon=True).start()
+            deadline = time.monotonic() + 120
+            while not self.worker_running(context) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        elif script[:1] != "R":
+            super().start_worker(context)
+        if script[:1] in ("R", "S"):
             raise DagsterUserCodeUnreachableError(
                 "Could not reach user code server. gRPC Error code: DEADLINE_EXCEEDED "
                 "(injected by tests.integration._faults)"
             )
-        super().launch_run(context)

@@ -1,13 +1,15 @@
 """The production-shaped deployment end to end, brought up as `bash infra/dev.sh prod-like` does.
 
 Every component real and a service of its own (stream_assets/deploy/): PostgreSQL as
-Dagster's storage, the Dagster webserver and daemon (not ``dg dev``), a Spark
-standalone master with two workers whose disks are their own, and a RocketMQ cluster
-of two broker groups (one with a slave) with ACL 2.0 on, topologies running as a
-non-admin user. WordCount is deployed through the scale job over the webserver's
-GraphQL API while a feeder process writes live input; then scaled 1 -> 2 with a
-kill -9 of the staying instance in the scale's run phase, and stopped through the
-Dagster storage alone (``stream-assets deploy topology-stop``). The reference answer is
+Dagster's storage, the Dagster code server, webserver and daemon (not ``dg dev``), a
+Spark standalone master with two workers whose disks are their own, and a RocketMQ
+cluster of two broker groups (one with a slave) with ACL 2.0 on, topologies running as
+a non-admin user. Under CPU load, a first ``up`` from an empty home is killed -9 once
+it has started Dagster, and a second one resumes from what runs and deploys two
+WordCount instances through the scale job over the webserver's GraphQL API while a
+feeder process writes live input; then, still loaded, it is scaled 2 -> 3 with a kill
+-9 of a staying instance in the scale's run phase, and stopped through the Dagster
+storage alone (``stream-assets deploy topology-stop``). The reference answer is
 ``collections.Counter`` over every line the source topic holds, read back from the
 brokers; the runs are read from PostgreSQL directly.
 
@@ -19,12 +21,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -32,14 +39,16 @@ import psycopg2
 import pytest
 
 from stream_assets.control.desired_state import DesiredStateStore, heartbeats
-from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG
+from stream_assets.deploy.daemons import Daemon
 from stream_assets.deploy.postgres import PostgresHost
 from stream_assets.deploy.prod_like import ProdLike
 from stream_assets.jobs.supervisor import instance_runs
 from stream_assets.rocketmq.admin import RocketMQAdmin
-from stream_assets.settings import DeploySettings, SupervisorSettings, local_dir
+from stream_assets.settings import PROJECT_ROOT, DeploySettings, local_dir
 from tests.integration._engine_util import final_counts, read_topic, state_writers, wait_until
+from tests.integration._live_runs import LiveRunsPerIndex
+from tests.integration._load import cpu_hog
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_deployment]
 
@@ -58,37 +67,63 @@ PORTS: dict[str, Any] = {
     "spark_master_port": 27078,
     "spark_ui_port": 28081,
     "webserver_port": 3301,
+    "code_server_port": 4276,
     "metrics_port": 9650,
 }
 
 
+def _kill_an_up_midway(settings: dict[str, Any], dagster_env: dict[str, str]) -> str:
+    """Run ``up`` from the empty home in a process of its own and kill -9 it once it has
+    started Dagster (Spark with it, the brokers still booting); what it had said."""
+    spec = json.dumps({"settings": settings, "dagster_env": dagster_env}, default=str)
+    up = subprocess.Popen(
+        [sys.executable, "-u", "-m", "tests.integration._prod_like_up", spec],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert up.stdout is not None
+    said: list[str] = []
+    for line in up.stdout:
+        said.append(line.rstrip())
+        if line.startswith("[prod-like] postgres: up"):
+            break
+    daemon = Daemon("dagster-daemon", [], (Path(settings["home"]) / "dagster").resolve())
+    wait_until(lambda: daemon.pid() is not None, 600, "the first up to start Dagster")
+    up.kill()
+    up.wait()
+    said.extend(line.rstrip() for line in up.stdout)
+    return "\n".join(said)
+
+
 @pytest.fixture
 def deployment(report: Any) -> Iterator[ProdLike]:
-    """The deployment, up with one WordCount instance and live input; down at the end."""
+    """Two `up`s under CPU load, the first killed mid-way, the second deploying two WordCount
+    instances and live input; down at the end."""
     home = local_dir() / "test-prod-like"
     shutil.rmtree(home, ignore_errors=True)
     # PostgreSQL's directory is elsewhere when its user cannot enter the checkout.
     shutil.rmtree(PostgresHost(home / "postgres", 0).home, ignore_errors=True)
-    settings = DeploySettings(
-        home=home,
-        **PORTS,
-        instances=1,
-        feed_lines_per_s=30,
-    )
-    d = ProdLike(
-        settings,
-        progress=lambda line: None,
-        dagster_env={
-            "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": str(TICK_S),
-            # Up to 2 instances beside 11 JVMs on 2 cores: a batch a second per stage
-            # leaves CPU for the instances that start.
-            "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "1000",
-        },
-    )
+    values: dict[str, Any] = {"home": home, **PORTS, "instances": 2, "feed_lines_per_s": 30}
+    dagster_env = {
+        "STREAM_ASSETS_SUPERVISOR_INTERVAL_S": str(TICK_S),
+        # Up to 3 instances beside 12 JVMs on 2 cores: a batch a second per stage
+        # leaves CPU for the instances that start.
+        "STREAM_ASSETS_ENGINE_TRIGGER_INTERVAL_MS": "1000",
+    }
+    d = ProdLike(DeploySettings(**values), progress=lambda line: None, dagster_env=dagster_env)
     try:
-        timings = d.up()
+        with cpu_hog(2):
+            killed = _kill_an_up_midway(values, dagster_env)
+            timings = d.up()
+        status = d.status()
+        for host in ("postgres   running", "serving", "2/2 workers alive"):
+            assert host in status, f"{host!r} not in:\n{status}\n(the killed up said:\n{killed})"
+        assert status.count("running (pid") == 4, status  # webserver, daemon, code server, feeder
         report(
-            f"production-shaped deployment up (cold) in {max(timings.values()):.0f} s: {timings}"
+            f"production-shaped deployment up under CPU load after a killed up in "
+            f"{max(timings.values()):.0f} s: {timings}"
         )
         yield d
     finally:
@@ -105,29 +140,6 @@ def _beating(instance: dg.DagsterInstance, want: int) -> dict[str, str] | None:
     runs = _runs(instance)
     beats = heartbeats(instance, runs.values())
     return runs if len(runs) == want and all(r in beats for r in runs.values()) else None
-
-
-class LiveRunsPerIndex(threading.Thread):
-    """Counts, once a second, the runs of each index whose process lives and heartbeats
-    (whatever Dagster's status of them): ``most`` is the highest count seen for any index."""
-
-    def __init__(self, instance: dg.DagsterInstance) -> None:
-        super().__init__(daemon=True)
-        self.instance, self.most, self.done = instance, 0, threading.Event()
-
-    def run(self) -> None:
-        timeout = SupervisorSettings().heartbeat_timeout_s
-        while not self.done.wait(1.0):
-            runs = instance_runs(self.instance, TOPOLOGY, list(dg.DagsterRunStatus))[:20]
-            beats = heartbeats(self.instance, [r.run_id for r in runs])
-            live = collections.Counter(
-                r.tags[INSTANCE_INDEX_TAG]
-                for r in runs
-                if (b := beats.get(r.run_id)) is not None
-                and b.age() <= timeout
-                and process_alive(b.pid, b.ts)
-            )
-            self.most = max(self.most, *live.values(), 0)
 
 
 def _drained(admin: RocketMQAdmin, topics: list[str]) -> bool:
@@ -181,25 +193,29 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
     topology = d.topology()
     source, sink = topology.source_topic, topology.sink_topics[0]
     with d.dagster.instance() as instance, RocketMQAdmin(d.admin_settings()) as admin:
-        first = wait_until(lambda: _beating(instance, 1), 300, "instance 0 heartbeats")
-        watch = LiveRunsPerIndex(instance)
+        first = wait_until(lambda: _beating(instance, 2), 300, "instances 0 and 1 heartbeat")
+        watch = LiveRunsPerIndex(instance, TOPOLOGY)
         watch.start()
         assert d.feeder.pid() is not None, "the feeder runs"
         # Its queues are on both broker groups, and it reads both.
         assert {q.broker_name for q in admin.queues(source)} == {"broker-a", "broker-b"}
 
-        # 1 -> 2, and instance 0 (which stays) is killed -9 in the scale's run phase.
+        # 2 -> 3 under CPU load, and instance 0 (which stays) is killed -9 in the scale's
+        # run phase.
         store = DesiredStateStore(instance)
         scaled: list[str] = []
         errors: list[BaseException] = []
 
         def scale() -> None:
             try:
-                scaled.append(d.scale(2))
+                scaled.append(d.scale(3))
             except BaseException as exc:
                 errors.append(exc)
 
         scaling = threading.Thread(target=scale)
+        load = contextlib.ExitStack()
+        load.enter_context(cpu_hog(2))
+        scale_began = time.monotonic()
         scaling.start()
 
         def in_run_phase() -> bool:
@@ -209,7 +225,7 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
                 state is not None
                 and state.phase == "run"
                 and allocation
-                and allocation.instances == 2
+                and allocation.instances == 3
             )
 
         wait_until(
@@ -217,10 +233,14 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
         )
         victim = first["0"]
         os.kill(heartbeats(instance, [victim])[victim].pid, signal.SIGKILL)
-        scaling.join(900)
+        scaling.join(1200)
+        scale_s = time.monotonic() - scale_began
+        load.close()
         assert not errors and scaled, errors
         after = wait_until(
-            lambda: (r := _beating(instance, 2)) and r["0"] != victim and r, 600, "0 replaced, 1 up"
+            lambda: (r := _beating(instance, 3)) and r["0"] != victim and r,
+            600,
+            "0 replaced, 1 and 2 up",
         )
         replacements = [
             r.run_id
@@ -230,9 +250,9 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
         assert replacements == [after["0"]], replacements
         killed = instance.get_run_by_id(victim)
         assert killed is not None and killed.status == dg.DagsterRunStatus.FAILURE
-        # One executor each, on different workers: queues moved between machines.
+        # One executor each, on both workers: queues moved between machines.
         workers = (d.spark.master_state() or {}).get("workers", [])
-        assert sorted(w["coresused"] for w in workers if w["state"] == "ALIVE") == [1, 1]
+        assert sorted(w["coresused"] for w in workers if w["state"] == "ALIVE") == [1, 2]
 
         # Each instance serves its metrics; lag is per queue of both groups.
         metrics = _scrape(f"http://{d.settings.host}:{d.settings.metrics_port + 1}/metrics")
@@ -249,9 +269,8 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
         for queue, writers in state_writers(admin, topology.state_topics[0]).items():
             turns = [w for i, w in enumerate(writers) if i == 0 or writers[i - 1] != w]
             assert len(turns) == len(set(turns)), f"queue {queue}: writers interleave: {turns}"
-        watch.done.set()
-        watch.join()
-        assert watch.most == 1, f"{watch.most} live runs of one index at once"
+        most = watch.stop()
+        assert most == 1, f"{most} live runs of one index at once"
         # Stop without the webserver, daemon or code server: every run ends SUCCESS and
         # the allocation is kept for a start (the start is test_supervision's and
         # tests/unit/test_cli_lifecycle.py's: a cold start costs minutes here).
@@ -267,7 +286,7 @@ def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
     assert all_runs and all_runs <= _postgres_run_ids(d)
     report(
         f"{sum(expected.values())} words over two broker groups with ACL, on 2 Spark workers: "
-        f"exact through 1 -> 2 with a kill -9 in the run phase (at most one live run per index "
-        f"throughout), and a stop through the storage; "
+        f"exact through 2 -> 3 under CPU load in {scale_s:.0f} s with a kill -9 in the run "
+        f"phase (at most one live run per index throughout), and a stop through the storage; "
         f"{len(all_runs)} runs in PostgreSQL"
     )
