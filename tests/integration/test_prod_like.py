@@ -117,13 +117,17 @@ def deployment(report: Any) -> Iterator[ProdLike]:
         with cpu_hog(2):
             killed = _kill_an_up_midway(values, dagster_env)
             timings = d.up()
+        asked = time.monotonic()
         status = d.status()
-        for host in ("postgres   running", "serving", "2/2 workers alive"):
-            assert host in status, f"{host!r} not in:\n{status}\n(the killed up said:\n{killed})"
-        assert status.count("running (pid") == 4, status  # webserver, daemon, code server, feeder
+        status_s = time.monotonic() - asked
+        # Every host serving: no host stopped or unregistered, both workers alive, and the
+        # webserver, daemon, code server and feeder running.
+        assert not any(w in status for w in ("stopped", "not serving", "not registered")) and (
+            "2/2 workers alive" in status and status.count("running (pid") == 4
+        ), f"{status}\n(the killed up said:\n{killed})"
         report(
             f"production-shaped deployment up under CPU load after a killed up in "
-            f"{max(timings.values()):.0f} s: {timings}"
+            f"{max(timings.values()):.0f} s: {timings}; status in {status_s:.1f} s"
         )
         yield d
     finally:
