@@ -16,7 +16,7 @@ half done), within the last ``RETRY_WINDOW_S``, unless a later run of one of
 those jobs for the same topology supersedes them (a retried stop must not undo
 a newer start). Each failed run is retried once (its run key); a retry that
 also fails to start is retried in turn. The sensor's log and the new run's
-``stream-assets/retry-of`` tag say which run it replaces and why.
+``stream_assets/retry_of`` tag say which run it replaces and why.
 
 Example::
 
@@ -43,7 +43,8 @@ RETRIED_JOBS = {STOP_JOB: "stop_topology", START_JOB: "start_topology", SCALE_JO
 #: A run that failed to start longer ago than this is history, not a pending command.
 RETRY_WINDOW_S = 6 * 3600.0
 #: On the retry: the run it replaces.
-RETRY_OF_TAG = "stream-assets/retry-of"
+RETRY_OF_TAG = "stream_assets/retry_of"
+#: How often it looks: a lost command waits at most this long once the code server answers.
 SENSOR_INTERVAL_S = 15
 
 
