@@ -76,9 +76,7 @@ def unstarted_failures(instance: dg.DagsterInstance, now: float) -> Iterator[Run
     newest: dict[str, RunRecord] = {}
     for record in records:
         name = topology_of(record.dagster_run)
-        if name is not None and (
-            name not in newest or record.storage_id > newest[name].storage_id
-        ):
+        if name is not None and (name not in newest or record.storage_id > newest[name].storage_id):
             newest[name] = record
     for record in sorted(newest.values(), key=lambda r: r.storage_id):
         if record.dagster_run.status == dg.DagsterRunStatus.FAILURE and record.start_time is None:

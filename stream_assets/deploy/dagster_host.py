@@ -65,11 +65,7 @@ class DagsterHost:
         workspace = str(self.dagster_home / "workspace.yaml")
         self.code_server = Daemon(
             "dagster-code-server",
-            [
-                *(str(_BIN / "dagster"), "code-server", "start"),
-                *("-h", host, "-p", str(code_server_port)),
-                *("-m", DEFINITIONS, "--location-name", DEFINITIONS),
-            ],
+            code_server_argv(host, code_server_port),
             self.home,
             self.dagster_home,
         )
@@ -168,6 +164,16 @@ class DagsterHost:
         self.daemon.stop()
         self.webserver.stop()
         self.code_server.stop()
+
+
+def code_server_argv(host: str, port: int, module: str = DEFINITIONS) -> list[str]:
+    """``dagster code-server start`` serving ``module`` under the location name runs know
+    (a test serves a module that wraps the definitions under the same name)."""
+    return [
+        *(str(_BIN / "dagster"), "code-server", "start"),
+        *("-h", host, "-p", str(port)),
+        *("-m", module, "--location-name", DEFINITIONS),
+    ]
 
 
 def code_location_loaded(host: str, port: int) -> bool:

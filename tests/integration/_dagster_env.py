@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,8 +34,9 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from stream_assets.control.desired_state import DesiredStateStore
 from stream_assets.control.registry import REGISTRY, TOPOLOGY_TAG
-from stream_assets.deploy.dagster_host import DEFINITIONS, code_location_loaded
+from stream_assets.deploy.dagster_host import DEFINITIONS, code_location_loaded, code_server_argv
 from stream_assets.settings import PROJECT_ROOT
+from tests.integration._util import free_port
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -57,11 +57,7 @@ class CodeServer:
         once: it loads meanwhile (:meth:`wait_loaded`)."""
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    *(str(VENV_BIN / "dagster"), "code-server", "start"),
-                    *("-h", "127.0.0.1", "-p", str(self.port)),
-                    *("-m", module, "--location-name", DEFINITIONS),
-                ],
+                code_server_argv("127.0.0.1", self.port, module),
                 cwd=PROJECT_ROOT,
                 env=self.env,
                 stdout=log,
@@ -123,7 +119,7 @@ def dagster_deployment(
     config = yaml.safe_load((PROJECT_ROOT / "infra" / "dagster" / "dagster.yaml").read_text())
     config.update(yaml.safe_load(instance_yaml) or {})
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    code_port = _free_port()
+    code_port = free_port()
     workspace = home / "workspace.yaml"
     workspace.write_text(
         "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
@@ -176,8 +172,8 @@ def dagster_deployment(
         yield Deployment(home, name, instance, code_server)
     finally:
         # Supervision off first, so nothing is relaunched; then the runs are cancelled
-        # while the daemon's code server, which launched them, can still terminate
-        # them; then the daemon.
+        # while the code server, which launched them, can still terminate them; then
+        # the daemon and the code server.
         store = DesiredStateStore(instance)
         state = store.get(name)
         if state is not None:
@@ -207,13 +203,6 @@ def dagster_deployment(
                 os.environ[k] = v
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def tick_times(instance: dg.DagsterInstance, sensor: str, after: float) -> list[float]:
     """When each completed tick of ``sensor`` since ``after`` (epoch seconds) began."""
     times: list[float] = []
@@ -231,15 +220,4 @@ def tick_times(instance: dg.DagsterInstance, sensor: str, after: float) -> list[
 
 def sensor_ticks(instance: dg.DagsterInstance, sensor: str, after: float) -> int:
     """Completed ticks of ``sensor`` that began after ``after`` (epoch seconds)."""
-    count = 0
-    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
-        if state.instigator_name != sensor:
-            continue
-        ticks = instance.get_ticks(
-            state.instigator_origin_id,
-            state.selector_id,
-            after=after,
-            statuses=[TickStatus.SUCCESS, TickStatus.SKIPPED],
-        )
-        count += len(ticks)
-    return count
+    return len(tick_times(instance, sensor, after))

@@ -31,7 +31,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -72,9 +71,12 @@ PORTS: dict[str, Any] = {
 }
 
 
-def _kill_an_up_midway(settings: dict[str, Any], dagster_env: dict[str, str]) -> str:
+def _kill_an_up_midway(
+    settings: dict[str, Any], dagster_env: dict[str, str], daemon: Daemon
+) -> str:
     """Run ``up`` from the empty home in a process of its own and kill -9 it once it has
-    started Dagster (Spark with it, the brokers still booting); what it had said."""
+    started ``daemon``, Dagster's (Spark with it, the brokers still booting); what it
+    had said."""
     spec = json.dumps({"settings": settings, "dagster_env": dagster_env}, default=str)
     up = subprocess.Popen(
         [sys.executable, "-u", "-m", "tests.integration._prod_like_up", spec],
@@ -89,7 +91,6 @@ def _kill_an_up_midway(settings: dict[str, Any], dagster_env: dict[str, str]) ->
         said.append(line.rstrip())
         if line.startswith("[prod-like] postgres: up"):
             break
-    daemon = Daemon("dagster-daemon", [], (Path(settings["home"]) / "dagster").resolve())
     wait_until(lambda: daemon.pid() is not None, 600, "the first up to start Dagster")
     up.kill()
     up.wait()
@@ -115,7 +116,7 @@ def deployment(report: Any) -> Iterator[ProdLike]:
     d = ProdLike(DeploySettings(**values), progress=lambda line: None, dagster_env=dagster_env)
     try:
         with cpu_hog(2):
-            killed = _kill_an_up_midway(values, dagster_env)
+            killed = _kill_an_up_midway(values, dagster_env, d.dagster.daemon)
             timings = d.up()
         asked = time.monotonic()
         status = d.status()
@@ -187,8 +188,8 @@ def _postgres_run_ids(d: ProdLike) -> set[str]:
         return {row[0] for row in cur.fetchall()}
 
 
-# The cold start of 11 JVMs and 3 Python services, two scales, a replacement, a stop
-# and a start, on 2 cores.
+# Two `up`s (12 JVMs, 4 Python services), two scales, a replacement and a stop, under
+# CPU load on 2 cores (the fixture's up counts too).
 @pytest.mark.timeout(1500)
 def test_deploy_scale_kill_stop_start_counts_exact_and_postgres_holds_the_runs(
     deployment: ProdLike, report: Any

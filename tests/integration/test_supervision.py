@@ -38,7 +38,7 @@ from stream_assets.control.liveness import process_alive
 from stream_assets.control.registry import INSTANCE_INDEX_TAG, REGISTRY, TOPOLOGY_TAG
 from stream_assets.control.run_launcher import ALREADY_RUNNING
 from stream_assets.jobs.checks import crash_check_key
-from stream_assets.jobs.control_retries import RETRY_OF_TAG, topology_of
+from stream_assets.jobs.control_retries import RETRIED_JOBS, RETRY_OF_TAG, topology_of
 from stream_assets.jobs.supervisor import (
     crash_history,
     failure_message,
@@ -156,7 +156,7 @@ def env(
 def _job(name: str, instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
     from stream_assets.definitions import defs
 
-    op = {"stop_topology_job": "stop_topology", "start_topology_job": "start_topology"}[name]
+    op = RETRIED_JOBS[name]
     result = defs.get_job_def(name).execute_in_process(
         run_config={"ops": {op: {"config": config}}}, instance=instance, raise_on_error=False
     )
@@ -450,7 +450,7 @@ def _shuffle_backlog(env: Env, admin: RocketMQAdmin) -> int:
 
 def _launch(env: Env, job: str, **config: Any) -> None:
     """Submit ``job`` to the run queue as an operator does, through the CLI."""
-    op = {"stop_topology_job": "stop_topology", "start_topology_job": "start_topology"}[job]
+    op = RETRIED_JOBS[job]
     subprocess.run(
         [
             *(str(VENV_BIN / "dagster"), "job", "launch", "-w", str(env.home / "workspace.yaml")),

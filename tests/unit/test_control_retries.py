@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from stream_assets.jobs.control_retries import RETRY_OF_TAG, control_run_retries
+from stream_assets.jobs.control_retries import RETRIED_JOBS, RETRY_OF_TAG, control_run_retries
 from stream_assets.jobs.lifecycle import start_topology_job, stop_topology_job
 from stream_assets.jobs.scale import scale_job
 from tests.unit.test_supervisor import _event
@@ -21,9 +21,7 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 def _run(instance: dg.DagsterInstance, job: dg.JobDefinition, topology: str) -> dg.DagsterRun:
-    op = {"stop_topology_job": "stop_topology", "start_topology_job": "start_topology"}.get(
-        job.name, "scale"
-    )
+    op = RETRIED_JOBS[job.name]
     config: dict[str, object] = {"topology": topology}
     if job is scale_job:
         config["target_instances"] = 2
