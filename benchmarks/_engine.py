@@ -16,7 +16,7 @@ from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 #: Seconds between two sends of a paced producer.

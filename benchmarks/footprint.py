@@ -52,7 +52,7 @@ def child(args: argparse.Namespace) -> None:
     """Run WordCount over ``args.topic`` to the end; JSON events on stdout."""
     from benchmarks._engine import engine_from
     from stream_assets.examples import wordcount
-    from stream_assets.runtime.instance import Instance
+    from stream_assets.runtime.spark.instance import Instance
     from stream_assets.settings import RocketMQSettings
 
     def event(name: str, **data: Any) -> None:

@@ -47,8 +47,8 @@ from benchmarks._engine import produce, unique
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.instance import _quiet as quiet_logger
-from stream_assets.runtime.spark_logging import quiet_spark_conf
+from stream_assets.runtime.spark.instance import _quiet as quiet_logger
+from stream_assets.runtime.spark.spark_logging import quiet_spark_conf
 from stream_assets.settings import RocketMQSettings
 
 if TYPE_CHECKING:

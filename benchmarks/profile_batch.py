@@ -1,6 +1,6 @@
 """Where a stage-0 micro-batch of WordCount spends its time: the pure core, profiled.
 
-Runs :func:`~stream_assets.runtime.stateless.run_source_batch` (deserialize,
+Runs :func:`~stream_assets.runtime.core.stage0.stateless.run_source_batch` (deserialize,
 flat_map, key_by, route, pack, pre-combine fold, shuffle encode, send) over
 ``--lines`` WordCount lines in this process: no broker (sends go to an
 in-memory broker), no Spark. Prints the core's lines/s next to ``Counter``
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.limits import wordcount_bodies
 from stream_assets.examples import wordcount, wordcount_arrow
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.context import StageContext
-from stream_assets.runtime.send_buffer import SendBuffer
-from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.runtime.core.context import StageContext
+from stream_assets.runtime.core.send_buffer import SendBuffer
+from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.testing import InMemoryBroker
 
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime import shuffle_out
+from stream_assets.runtime.core.stage0 import shuffle_out
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import TopologyTestDriver
 from stream_assets.windows import Time, TumblingWindow

@@ -8,7 +8,7 @@ It starts ``pyspark.sql.streaming.python_streaming_source_runner``
 
 - with the venv's ``python -m`` (baseline, what Spark runs by default), which
   connects after importing pyspark;
-- with ``stream-assets-worker-python -m`` (:mod:`stream_assets.runtime.worker_launcher`),
+- with ``stream-assets-worker-python -m`` (:mod:`stream_assets.runtime.spark.worker_launcher`),
   which connects first and imports after;
 
 and times, from ``Popen``, the authenticated connection (what the 10 s
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream_assets.runtime.worker_launcher import LAUNCHER, frame, read_frame
+from stream_assets.runtime.spark.worker_launcher import LAUNCHER, frame, read_frame
 from tests.integration._load import cpu_hog
 
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"

@@ -100,7 +100,7 @@ setup_env() {
 
 # The Spark driver JVM's class-data archive, once per JDK and Spark (~30 s idle, minutes
 # on a loaded machine: 205 s at load ~40): every
-# JVM an instance or test starts then starts ~3 s sooner (runtime/class_archive.py).
+# JVM an instance or test starts then starts ~3 s sooner (runtime/spark/class_archive.py).
 setup_jvm_archive() { stream-assets jvm-archive; }
 
 setup() { need_system_packages; setup_python; setup_env; setup_jvm_archive; }

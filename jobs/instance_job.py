@@ -1,6 +1,6 @@
 """The instance job: one long-running Dagster run per compute instance of a topology.
 
-The op starts an :class:`~stream_assets.runtime.instance.Instance` on its
+The op starts an :class:`~stream_assets.runtime.spark.instance.Instance` on its
 assignment (restoring state for queues it does not hold locally on the first
 batch), then loops until it is told to stop: a thread of its own heartbeats into the
 Dagster instance's storage (the supervisor's crash detector, jobs/instance_heart.py),
@@ -49,8 +49,8 @@ from stream_assets.jobs.instance_heart import Heart
 from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.resources.spark import SparkResource
 from stream_assets.resources.state_store import RocksDBStateStoreResource
-from stream_assets.runtime.instance import Instance
-from stream_assets.runtime.outage import TRANSIENT
+from stream_assets.runtime.drive.outage import TRANSIENT
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import MetricsSettings
 
 INSTANCE_JOB = "instance_job"

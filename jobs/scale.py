@@ -57,7 +57,7 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.provision import plan_topology_upgrade, provision_topics
-from stream_assets.runtime.clients import admin_for
+from stream_assets.runtime.drive.clients import admin_for
 
 SCALE_JOB = "scale_job"
 

@@ -7,7 +7,7 @@ machine is no longer enough. Unset fields fall back to the engine's settings
 ``conf`` entries override the environment's entry by entry. Instances run
 Spark quietly unless ``conf`` says otherwise: no console progress bar, known
 harmless Java stack traces folded into one line
-(:mod:`stream_assets.runtime.spark_logging`).
+(:mod:`stream_assets.runtime.spark.spark_logging`).
 
 Example::
 

@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  {word:<12} {count}")
         print("matches an independent count: " + ("yes" if report.matches else "NO"))
         return 0 if report.matches else 1
-    from stream_assets.runtime.instance import Instance
+    from stream_assets.runtime.spark.instance import Instance
     from stream_assets.settings import EngineSettings, RocketMQSettings
 
     instance = Instance(
@@ -275,7 +275,7 @@ def _lifecycle(args: argparse.Namespace) -> int:
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
-    from stream_assets.runtime.class_archive import build
+    from stream_assets.runtime.spark.class_archive import build
 
     # No archive is no error: JVMs start without one, as before.
     build(lambda line: print(line, file=sys.stderr), force=args.force)

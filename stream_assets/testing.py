@@ -3,8 +3,8 @@
 In the spirit of Kafka Streams' ``TopologyTestDriver``: :class:`TopologyTestDriver`
 runs any :class:`~stream_assets.plan.topology.Topology` with the same per-queue
 functions an instance runs inside its Spark tasks
-(:func:`~stream_assets.runtime.stateless.run_source_batch` for stage 0,
-:func:`~stream_assets.keyed.attempt.run_stateful_batch` for a stateful stage:
+(:func:`~stream_assets.runtime.core.stage0.stateless.run_source_batch` for stage 0,
+:func:`~stream_assets.runtime.core.keyed.attempt.run_stateful_batch` for a stateful stage:
 the currency check against the state topic, fencing, the keyed batch and its
 conflict retries), a real :class:`~stream_assets.state.store.QueueStateStore` (RocksDB)
 per shuffle queue in a temporary directory, and the real changelog writer,
@@ -62,8 +62,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stream_assets.keyed import read_key_state
-from stream_assets.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue
@@ -72,10 +70,12 @@ from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
 from stream_assets.rocketmq.tags import TagFilter
-from stream_assets.runtime.context import StageContext, TaskStats
-from stream_assets.runtime.send_buffer import SendBuffer
-from stream_assets.runtime.shuffle_codec import encode_key
-from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.runtime.core.context import StageContext, TaskStats
+from stream_assets.runtime.core.keyed import read_key_state
+from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
+from stream_assets.runtime.core.send_buffer import SendBuffer
+from stream_assets.runtime.core.shuffle_codec import encode_key
+from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
 from stream_assets.state.restore import RestoreResult, restore_queue, state_queue
@@ -140,7 +140,7 @@ class InMemoryTopic:
 
 
 class InMemoryBroker:
-    """In-memory topics, and a :class:`~stream_assets.runtime.ports.Sender` onto them.
+    """In-memory topics, and a :class:`~stream_assets.runtime.core.ports.Sender` onto them.
 
     :meth:`send` picks the queue like the real
     :class:`~stream_assets.rocketmq.producer.Producer`: ``queue_id`` if given,
@@ -206,7 +206,7 @@ class InMemoryBroker:
     ) -> SendReceipt:
         """Store one message at once, as the producer would; returns where it was stored.
 
-        Also a :class:`~stream_assets.runtime.ports.Sender`: :meth:`flush`
+        Also a :class:`~stream_assets.runtime.core.ports.Sender`: :meth:`flush`
         returns the receipts of the sends since the last flush.
         """
         record = self.append(

@@ -1,6 +1,6 @@
 """A base for test senders that store each message as it is sent.
 
-The engine's senders queue until ``flush`` (runtime/send_buffer.py); a test
+The engine's senders queue until ``flush`` (runtime/core/send_buffer.py); a test
 sender that stores at once (to fail or interleave at an exact message) gets the
 same interface by implementing ``send_now`` and inheriting ``send``/``flush``.
 """

@@ -11,7 +11,7 @@
 Nothing the engine (:mod:`stream_assets.runtime`) runs lives here: a
 topology's topics are provisioned by :mod:`stream_assets.rocketmq.provision`,
 and the stores of queues an instance gains are warmed by
-:mod:`stream_assets.runtime.warm_up`. The package re-exports nothing:
+:mod:`stream_assets.runtime.drive.warm_up`. The package re-exports nothing:
 ``desired_state``, ``lineage`` and ``registry`` load Dagster, which a module
 imported on its own need not. Import from the module that holds the name.
 

@@ -40,7 +40,7 @@ DRAIN = "the topology was stopped, draining first"
 
 
 class Rebalanceable(Protocol):
-    """What a follower needs of an instance (runtime.instance.Instance has it)."""
+    """What a follower needs of an instance (runtime.spark.instance.Instance has it)."""
 
     @property
     def running(self) -> bool: ...

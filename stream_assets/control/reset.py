@@ -53,7 +53,7 @@ from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.provision import plan_topology_upgrade
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.send_buffer import SendBuffer
+from stream_assets.runtime.core.send_buffer import SendBuffer
 from stream_assets.state.changelog import MessageSender
 from stream_assets.state.errors import StateLockedError
 from stream_assets.state.paths import StoreLocation, job_dir, job_stores

@@ -6,7 +6,7 @@ touches that store. It rebuilds the one queue that owns the key from the
 queue's state topic (latest snapshot + changelog tail,
 :func:`~stream_assets.state.restore.restore_queue`) into a private RocksDB in a
 temporary directory, reads the key there
-(:func:`~stream_assets.keyed.read_key_state`), and deletes the
+(:func:`~stream_assets.runtime.core.keyed.read_key_state`), and deletes the
 directory. So the answer is
 
 - **consistent**: the changelog holds whole commits only (a delta is applied
@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from stream_assets.control.registry import registration
-from stream_assets.keyed import read_key_state
 from stream_assets.plan.topology import Stage, Topology
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import TopicNotFoundError
@@ -52,7 +51,8 @@ from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.provision import plan_topology_upgrade
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.core.keyed import read_key_state
+from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.errors import StateError
 from stream_assets.state.restore import RestoreProgress, restore_queue
@@ -71,7 +71,7 @@ class StateQueryError(ValueError):
 class StateAnswer:
     """What a state query found, and where it read it.
 
-    ``value`` is what :func:`~stream_assets.keyed.read_key_state`
+    ``value`` is what :func:`~stream_assets.runtime.core.keyed.read_key_state`
     gives: for an unwindowed aggregate its result (e.g. ``{"count": 3}``) or
     None; for a windowed one with ``window`` that window's result or None;
     without ``window`` every open (not yet fired) window of the key as
@@ -166,7 +166,7 @@ def jsonable(value: Any) -> Any:
 def parse_key(text: str, *, as_json: bool = False) -> Any:
     """The typed key a command line means: a word is a ``str``; ``as_json`` parses JSON.
 
-    JSON arrays become tuples, as :func:`~stream_assets.runtime.shuffle_codec.decode_key`
+    JSON arrays become tuples, as :func:`~stream_assets.runtime.core.shuffle_codec.decode_key`
     gives keys back (both encode to the same bytes, so they route alike).
 
     >>> parse_key("apple"), parse_key("42"), parse_key("42", as_json=True)

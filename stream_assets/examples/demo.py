@@ -26,7 +26,7 @@ from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 _VOCABULARY = [

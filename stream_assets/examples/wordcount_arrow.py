@@ -3,7 +3,7 @@
 The same counts as :mod:`~stream_assets.examples.wordcount` on ordinary text
 (Arrow splits on Unicode white space, see :mod:`stream_assets.operators.batches`);
 the engine counts a whole batch at once
-(:mod:`~stream_assets.runtime.batch_count_path`), calling the key function
+(:mod:`~stream_assets.runtime.core.stage0.batch_count_path`), calling the key function
 once per distinct word, not once per word. Its topics are its own: a
 source topic read by two topologies would put both in a group of shared
 topics in Dagster's lineage::

@@ -256,7 +256,7 @@ class Print(Node):
 
     Wherever the task ran, the line reaches the instance process's stdout (for
     a run under Dagster, the run's captured stdout), in order per queue, at
-    least once (:mod:`~stream_assets.runtime.task_stdout`).
+    least once (:mod:`~stream_assets.runtime.spark.task_stdout`).
     """
 
 

@@ -1,22 +1,15 @@
-"""Running topologies: a pure per-queue core and its Spark adapter.
+"""Running topologies: a pure per-queue core, what drives it, and its Spark adapter.
 
-- :mod:`~stream_assets.runtime.stateless` (and, for keyed stages,
-  :mod:`stream_assets.keyed`): the core for one queue of one stage (apply, fire,
-  emit, checkpoint), talking to a :class:`~stream_assets.runtime.ports.Sender`
-  and a state store only.
-- :mod:`~stream_assets.runtime.chain`: ``OperatorGraph``, a stage's stateless
-  operators run over one input at a time.
-- :mod:`~stream_assets.runtime.context`: what the core reads (``StageContext``)
-  and reports (``TaskStats``).
-- :mod:`~stream_assets.runtime.spark_task`: the Spark task around the core
-  (settings from the driver, state on the executor's disk, proved current).
-- :mod:`~stream_assets.runtime.source`: the ``rocketmq`` Spark streaming source.
-- :mod:`~stream_assets.runtime.instance`: one SparkSession, one query per stage.
-- :mod:`~stream_assets.runtime.warm_up`: the stores of queues an instance gains,
-  brought up to date before the handover.
-- :mod:`~stream_assets.runtime.user_code`: the topology's modules shipped to executors.
-- :mod:`~stream_assets.runtime.task_stdout`: what tasks print, to the instance's stdout.
-- :mod:`~stream_assets.runtime.outage`: riding out a restarting broker.
+Three layers, each a package, imported only downwards (``spark`` -> ``drive`` ->
+``core``; ``tests/unit/test_code_shape.py`` checks it):
+
+- :mod:`stream_assets.runtime.core`: one queue of one stage (apply, fire, emit,
+  checkpoint), talking to a :class:`~stream_assets.runtime.core.ports.Sender` and a
+  state store only. Imports nothing of Spark.
+- :mod:`stream_assets.runtime.drive`: broker clients, outages, open stores, warm-up,
+  metrics, shipped user code: what any driver of the core needs. Imports nothing of Spark.
+- :mod:`stream_assets.runtime.spark`: the Spark adapter (one SparkSession, one query
+  per stage, the ``rocketmq`` source, the task around the core).
 
 The same core runs in :mod:`stream_assets.testing`, without Spark or a broker.
 """

@@ -48,7 +48,7 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 
 class MessageSender(Protocol):
-    """What the writer needs of a sender (:class:`~stream_assets.runtime.ports.Sender`).
+    """What the writer needs of a sender (:class:`~stream_assets.runtime.core.ports.Sender`).
 
     ``send`` queues; ``flush`` stores everything queued and returns the
     receipts in send order.

@@ -1,6 +1,6 @@
 """Where each kind of keyed state lives in a queue's RocksDB: one prefix byte per kind.
 
-The state layer owns this layout, so the keyed core (:mod:`stream_assets.keyed`)
+The state layer owns this layout, so the keyed core (:mod:`stream_assets.runtime.core.keyed`)
 and state queries (:mod:`stream_assets.control.state_query`) read a key the
 same way without importing each other. The prefixes are part of the state
 topic's wire format (a changelog replays these bytes): a new kind gets a new

@@ -4,7 +4,7 @@ The one place that builds and parses the state directory layout. The store
 opens its database at :attr:`StoreLocation.path`
 (:class:`~stream_assets.state.store.QueueStateStore`); an instance that stops
 walks :func:`job_stores` to make its Python workers let go of them
-(:mod:`~stream_assets.runtime.store_handles`), and a reset walks it to find
+(:mod:`~stream_assets.runtime.drive.store_handles`), and a reset walks it to find
 the local stores to wipe (:mod:`~stream_assets.control.reset`). Beside each
 database, ``queue-<N>.release`` is where another process asks the store's
 holder to close it: outside the database directory, so a wipe keeps it.

@@ -133,7 +133,7 @@ def append_empty_snapshot(
     # allocation does): a bumped generation would fence the very instances the
     # current allocation starts next, and 0 would un-fence a leftover writer of
     # an older allocation. writer: names the reset, so the next owner claims
-    # the queue with a commit of its own (keyed/batch.py).
+    # the queue with a commit of its own (runtime/core/keyed/batch.py).
     # snapshot_offset: the previous complete snapshot; it becomes the begin
     # record's "snap", where a restore falls back if this snapshot is cut short
     # (the reset then simply did not happen for this queue).

@@ -7,7 +7,7 @@ A commit is one WriteBatch holding every value change *and* the new meta
 either before or after the whole batch, so replaying the batch is idempotent.
 
 RocksDB locks a database to one process. A Spark Python worker keeps the
-stores of its queues open between batches (:mod:`stream_assets.runtime.store_handles`);
+stores of its queues open between batches (:mod:`stream_assets.runtime.drive.store_handles`);
 when another process needs one (another Python worker of the same executor,
 a restore, a state query), :meth:`QueueStateStore.open` asks the holder to let
 go by leaving a release request beside the database, and waits for the lock.

@@ -112,7 +112,7 @@ def _topology(spec: Mapping[str, Any]) -> Any:
 
 
 def _instance(spec: Mapping[str, Any]) -> Any:
-    from stream_assets.runtime.instance import Instance
+    from stream_assets.runtime.spark.instance import Instance
     from stream_assets.settings import EngineSettings, RocketMQSettings
 
     # Later entries of sys_path end up behind earlier ones, as on PYTHONPATH.

@@ -39,7 +39,7 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._serdes.config_class import ConfigurableClassData
 
 from stream_assets.control.run_launcher import SingleWorkerRunLauncher
-from stream_assets.runtime.worker_launcher import LAUNCHER
+from stream_assets.runtime.spark.worker_launcher import LAUNCHER
 from tests.integration._cluster import venv_python
 
 #: Longer than Spark's connect-back limit for a new Python worker (10 s).

@@ -12,7 +12,7 @@ import sys
 import time
 
 from stream_assets.examples import wordcount
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.shuffle_codec import decode_key
+from stream_assets.runtime.core.shuffle_codec import decode_key
 from stream_assets.state import layout as lay
 from stream_assets.state.records import Delta, decode_record, is_void
 from stream_assets.state.restore import restore_queue

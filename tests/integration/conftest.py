@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 from tests.integration._rocketmq_cluster import cluster_restored, rocketmq_cluster  # noqa: F401
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime import class_archive
+from stream_assets.runtime.spark import class_archive
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ _SESSION = textwrap.dedent(
     """
     import sys
     from stream_assets.examples import wordcount
-    from stream_assets.runtime.instance import Instance
+    from stream_assets.runtime.spark.instance import Instance
     from stream_assets.settings import EngineSettings, RocketMQSettings
 
     log = sys.argv[1]

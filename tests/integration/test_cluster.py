@@ -32,7 +32,7 @@ from stream_assets.examples import ad_join, word_histogram, wordcount_arrow
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
 from tests.event_time_reference import Queues, window_join

@@ -35,8 +35,8 @@ from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import windowed_sum, wordcount, wordcount_arrow
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
-from stream_assets.runtime.shuffle_codec import encode_key
-from stream_assets.runtime.worker_launcher import LAUNCHER
+from stream_assets.runtime.core.shuffle_codec import encode_key
+from stream_assets.runtime.spark.worker_launcher import LAUNCHER
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.windows import SessionWindow, SlidingWindow, Time

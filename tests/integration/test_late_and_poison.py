@@ -25,7 +25,7 @@ from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import windowed_sum
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
-from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import (

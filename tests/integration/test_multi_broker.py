@@ -35,7 +35,7 @@ from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
 from stream_assets.rocketmq.layout import current_layout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, ResponseCode
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state import layout as lay

@@ -8,7 +8,7 @@ The changelog is compare-and-append: a store writes at its ``log_end`` and is
 current only while that equals the state queue's end offset. Whenever a test
 continues after something else wrote to the queue (a crash mid-commit,
 another executor), it takes the engine's path first: :func:`ensure_current`,
-which restores unless the store is current (as ``runtime/spark_task.py`` does).
+which restores unless the store is current (as ``runtime/spark/task.py`` does).
 """
 
 from __future__ import annotations

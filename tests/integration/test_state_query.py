@@ -29,8 +29,8 @@ from stream_assets.plan.topology import Topology
 from stream_assets.resources.rocketmq import RocketMQResource
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
-from stream_assets.runtime.instance import Instance
-from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.core.shuffle_codec import encode_key
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import Message, produce, unique
 from tests.integration.conftest import EngineHarness

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime.shuffle_codec import decode
+from stream_assets.runtime.core.shuffle_codec import decode
 from stream_assets.testing import TopologyTestDriver
 
 #: The broker's message limit in these runs: small, so big values and batches meet it.

@@ -1,6 +1,6 @@
 """Stage 0's batch count path gives what the general path gives, on random chains and batches.
 
-:mod:`stream_assets.runtime.batch_count_path` counts a whole batch of a chain
+:mod:`stream_assets.runtime.core.stage0.batch_count_path` counts a whole batch of a chain
 of batch operators (``map_batches``, ``flat_map_batches``, ``filter_batches``)
 into ``key_by(...).count()`` at once, or hands the whole batch to the general
 path, which runs each batch operator on one value at a time. Here random
@@ -28,7 +28,7 @@ from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.operators.batches import lower_words, split_words
 from stream_assets.plan.nodes import MapBatches
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime import batch_count_path
+from stream_assets.runtime.core.stage0 import batch_count_path
 from stream_assets.serde import text_deserializer
 from stream_assets.testing import TopologyTestDriver
 from tests.unit._count_runs import HUGE, final_counts, run_lines

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime import class_archive
+from stream_assets.runtime.spark import class_archive
 
 
 def _fake_java(home: Path, body: bytes) -> Path:

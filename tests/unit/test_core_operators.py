@@ -1,4 +1,4 @@
-"""The pure per-queue core (runtime/stateless.py, keyed/) operator by operator.
+"""The pure per-queue core (runtime/core/stage0/stateless.py, core/keyed/) operator by operator.
 
 Runs through the public test driver where that is convenient, and calls
 ``run_source_batch`` / ``run_keyed_batch`` directly where a test needs to
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from stream_assets.dsl.builder import AggregatedStream, GroupedStream, StreamBuilder
-from stream_assets.keyed import run_keyed_batch
 from stream_assets.operators.aggregates import Accumulator
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.context import StageContext
-from stream_assets.runtime.shuffle_codec import decode
-from stream_assets.runtime.stateless import run_source_batch
+from stream_assets.runtime.core.context import StageContext
+from stream_assets.runtime.core.keyed import run_keyed_batch
+from stream_assets.runtime.core.shuffle_codec import decode
+from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.state.errors import FencedError
 from stream_assets.state.store import QueueStateStore
@@ -746,7 +746,7 @@ def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
 ) -> None:
     """Crash after the commit, before the outbox went: the next batch (or a restore
     elsewhere) sends it, and the next stage applies every result exactly once."""
-    from stream_assets.keyed import emit as keyed_emit
+    from stream_assets.runtime.core.keyed import emit as keyed_emit
     from stream_assets.windows import Time, TumblingWindow
 
     builder = StreamBuilder("outbox")

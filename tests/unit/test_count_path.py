@@ -1,6 +1,6 @@
 """Stage 0's count path gives what the general path gives, on random chains and batches.
 
-:mod:`stream_assets.runtime.count_path` takes the records of a straight chain
+:mod:`stream_assets.runtime.core.stage0.count_path` takes the records of a straight chain
 of maps, flat_maps and filters into ``key_by(...).count()`` that it can prove
 the general path would take whole. Here random chains (functions that raise,
 values that are not strings, non-ASCII text, lone surrogates, values too large
@@ -22,7 +22,7 @@ import pytest
 
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime import count_path
+from stream_assets.runtime.core.stage0 import count_path
 from stream_assets.serde import text_deserializer
 from tests.unit._count_runs import HUGE, run_lines
 
@@ -180,8 +180,8 @@ def test_the_count_path_equals_the_general_path_and_the_reference(
 
 
 def test_a_windowed_count_and_a_chain_with_a_sink_keep_the_general_path() -> None:
-    from stream_assets.runtime.context import StageContext, TaskStats
-    from stream_assets.runtime.shuffle_out import ShuffleOut
+    from stream_assets.runtime.core.context import StageContext, TaskStats
+    from stream_assets.runtime.core.stage0.shuffle_out import ShuffleOut
     from stream_assets.windows import Time, TumblingWindow
 
     def shapes() -> list[Topology]:

@@ -23,7 +23,7 @@ from stream_assets.operators.metadata import Metadata
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.hashing import queue_for_key
-from stream_assets.runtime.shuffle_codec import decode
+from stream_assets.runtime.core.shuffle_codec import decode
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import TopologyTestDriver
 from stream_assets.windows import Time, TumblingWindow

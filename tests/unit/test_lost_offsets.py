@@ -15,7 +15,7 @@ from typing import Any
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets
 from stream_assets.rocketmq.layout import TopicLayout
-from stream_assets.runtime.instance import Instance
+from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 

@@ -10,8 +10,8 @@ import pytest
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.runtime import warm_up as warm_up_module
-from stream_assets.runtime.warm_up import stateful_stages, warm_queues
+from stream_assets.runtime.drive import warm_up as warm_up_module
+from stream_assets.runtime.drive.warm_up import stateful_stages, warm_queues
 from stream_assets.state.restore import RestoreResult
 from stream_assets.state.store import QueueStateStore
 

@@ -64,7 +64,7 @@ from stream_assets.jobs.instance_job import INSTANCE_JOB, InstanceConfig, _obser
 from stream_assets.jobs.metrics import build_metrics_sensor
 from stream_assets.plan.topology import Topology
 from stream_assets.resources import RocketMQResource
-from stream_assets.runtime.instance import StageMetrics
+from stream_assets.runtime.spark.instance import StageMetrics
 from stream_assets.serde import text_deserializer
 from stream_assets.settings import CheckSettings
 from tests.unit._alert_sensor import alert_sensor_tick

@@ -9,7 +9,7 @@ from stream_assets.rocketmq.errors import (
     MessageTooLargeError,
     TopicNotFoundError,
 )
-from stream_assets.runtime.outage import ride_out_outage
+from stream_assets.runtime.drive.outage import ride_out_outage
 
 
 class Flaky:

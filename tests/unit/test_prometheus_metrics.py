@@ -28,13 +28,13 @@ from stream_assets.control.metrics import instance_numbers
 from stream_assets.examples import wordcount
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets
-from stream_assets.runtime.context import TaskStats
-from stream_assets.runtime.instance import Instance, StageMetrics
-from stream_assets.runtime.prometheus import (
+from stream_assets.runtime.core.context import TaskStats
+from stream_assets.runtime.drive.prometheus import (
     BATCH_SECONDS_BUCKETS,
     MetricsEndpointError,
     endpoint_port,
 )
+from stream_assets.runtime.spark.instance import Instance, StageMetrics
 from stream_assets.settings import EngineSettings, MetricsSettings, RocketMQSettings
 
 #: Written out here, not imported: the label names are the endpoint's contract.

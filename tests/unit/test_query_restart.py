@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from stream_assets.examples import wordcount
-from stream_assets.runtime.instance import Instance
-from stream_assets.runtime.query_restart import RestartBudget, restartable
+from stream_assets.runtime.spark.instance import Instance
+from stream_assets.runtime.spark.query_restart import RestartBudget, restartable
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 CONNECT_BACK = "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat ..."

@@ -43,9 +43,9 @@ from stream_assets.rocketmq.batch_producer import (
 from stream_assets.rocketmq.errors import MessageTooLargeError
 from stream_assets.rocketmq.message_codec import MAX_PROPERTIES_BYTES
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.context import StageContext, TaskStats
-from stream_assets.runtime.outputs import dead_letter, message_key
-from stream_assets.runtime.send_buffer import SendBuffer
+from stream_assets.runtime.core.context import StageContext, TaskStats
+from stream_assets.runtime.core.send_buffer import SendBuffer
+from stream_assets.runtime.core.stage0.outputs import dead_letter, message_key
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE, RocketMQSettings
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver

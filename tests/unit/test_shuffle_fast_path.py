@@ -20,7 +20,7 @@ import pytest
 
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime import shuffle_out
+from stream_assets.runtime.core.stage0 import shuffle_out
 from stream_assets.serde import text_deserializer
 from stream_assets.testing import TopologyTestDriver
 from stream_assets.windows import SlidingWindow, Time, TumblingWindow

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stream_assets.runtime.source import QueueRange, group_ranges
+from stream_assets.runtime.spark.source import QueueRange, group_ranges
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -21,7 +21,7 @@ import pytest
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.hashing import queue_for_key
-from stream_assets.runtime.shuffle_codec import decode, encode_key
+from stream_assets.runtime.core.shuffle_codec import decode, encode_key
 from stream_assets.serde import json_deserializer
 from stream_assets.testing import TopologyTestDriver
 from stream_assets.windows import SessionWindow, Time, TumblingWindow

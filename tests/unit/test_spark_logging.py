@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime.spark_logging import (
+from stream_assets.runtime.spark.spark_logging import (
     JAVA_OPTIONS,
     LOG4J2_CONFIG,
     log4j2_option,

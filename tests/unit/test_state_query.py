@@ -43,7 +43,7 @@ from stream_assets.rocketmq.errors import TopicNotFoundError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus, QueueReader
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.shuffle_codec import encode_key
+from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver

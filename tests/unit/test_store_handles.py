@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime.store_handles import StoreHandles
+from stream_assets.runtime.drive.store_handles import StoreHandles
 from stream_assets.state.errors import StateLockedError
 from stream_assets.state.store import QueueStateStore
 
@@ -21,7 +21,7 @@ from stream_assets.state.store import QueueStateStore
 _WORKER = textwrap.dedent(
     """
     import sys
-    from stream_assets.runtime.store_handles import HANDLES
+    from stream_assets.runtime.drive.store_handles import HANDLES
     with HANDLES.use(sys.argv[1], "job", "op", 0) as store:
         meta = store.next_meta()
         store.commit({b"k": b"worker"}, meta)

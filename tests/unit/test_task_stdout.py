@@ -20,9 +20,9 @@ from pyspark.accumulators import Accumulator, _accumulatorRegistry
 
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.errors import BrokerUnreachableError
-from stream_assets.runtime import spark_task
-from stream_assets.runtime.context import StageContext, TaskStats
-from stream_assets.runtime.task_stdout import EchoToStdout, TaskLines, run_printing
+from stream_assets.runtime.core.context import StageContext, TaskStats
+from stream_assets.runtime.spark import task as spark_task
+from stream_assets.runtime.spark.task_stdout import EchoToStdout, TaskLines, run_printing
 from stream_assets.settings import RocketMQSettings
 
 

@@ -18,12 +18,12 @@ import pytest
 import stream_assets.testing as testing_module
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
-from stream_assets.keyed import batch as keyed_batch
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.records import Record
-from stream_assets.runtime.ports import Sender
+from stream_assets.runtime.core.keyed import batch as keyed_batch
+from stream_assets.runtime.core.ports import Sender
 from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, encode_input
 from stream_assets.windows import SessionWindow, SlidingWindow, Time, TumblingWindow, Window

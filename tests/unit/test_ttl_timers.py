@@ -3,7 +3,7 @@ engine's per-queue core, real RocksDB), unbatched and in random batch splits wit
 restores from the state topic between them.
 
 References are computed from the input alone by the documented rules
-(stream_assets/keyed/ttl.py, stream_assets/operators/processor.py,
+(stream_assets/runtime/core/keyed/ttl.py, stream_assets/operators/processor.py,
 docs/guarantees.md), never from the engine.
 """
 

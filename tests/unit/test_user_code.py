@@ -24,7 +24,7 @@ import pytest
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
 from stream_assets.plan.topology import Topology
-from stream_assets.runtime.user_code import (
+from stream_assets.runtime.drive.user_code import (
     UnshippableModuleError,
     imports_of,
     package_module,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_assets.runtime.worker_launcher import LAUNCHER, frame, read_frame, worker_python
+from stream_assets.runtime.spark.worker_launcher import LAUNCHER, frame, read_frame, worker_python
 
 INSTALLED = Path(sys.executable).parent / LAUNCHER
 

@@ -1,0 +1,343 @@
+"""One batch of one keyed stage's queue: the driver every keyed head shares.
+
+Pure: records come in as an iterable, outputs and changelog leave through a
+:class:`~stream_assets.runtime.core.ports.Sender`, state lives in the queue's
+:class:`~stream_assets.state.store.QueueStateStore`, which the caller has
+proven current against the state topic. What differs per head is a
+:class:`~stream_assets.runtime.core.keyed.logic.KeyedLogic`; the steps are the same for all
+(DESIGN section 3):
+
+1. Fence: a newer generation recorded in the state means another instance owns
+   the queue; fail before sending anything.
+2. Apply every shuffle record whose origin (source queue, offset, sub-index)
+   is above the highest origin already applied from that source queue; skip
+   the rest (exactly once across the shuffle).
+3. Judge lateness against the watermark as it stood at the start of the batch
+   and against the record's own origin's progress when it was read: every
+   record its source queue read before it, whatever their keys' routes. That
+   progress travels with the records (each batch's messages end with it, a
+   queue with no records gets a mark, a record it makes late carries it:
+   :mod:`~stream_assets.runtime.core.shuffle_codec`), so results do not depend on
+   key routing or on how records were grouped into messages or batches;
+   then advance the per-origin watermark and fire what it made due.
+   Origins the caller reports idle (judged by broker offsets, never by the
+   time between batches) leave the watermark's minimum; when every origin is
+   idle, all open windows fire.
+4. Expire keys whose TTL the watermark passed (after their due timers fired:
+   :mod:`~stream_assets.runtime.core.keyed.ttl`), then emit the updates of unwindowed keys
+   and the deletions of expired ones.
+5. Emit results at least once (:mod:`~stream_assets.runtime.core.keyed.emit`); a result the
+   broker would refuse or a late record that cannot be sent is a dead letter
+   of its own, never the batch's failure.
+6. Checkpoint: values, origins, input offset, watermark and owner in one
+   WriteBatch, the changelog record sent first and compare-and-appended; then
+   send the outbox (results for the next shuffle) it committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from stream_assets.rocketmq.records import Record
+from stream_assets.runtime.core.context import StageContext, TaskStats
+from stream_assets.runtime.core.keyed import emit, ttl
+from stream_assets.runtime.core.keyed.batch_state import BatchState
+from stream_assets.runtime.core.keyed.logic import KeyedBatch
+from stream_assets.runtime.core.keyed.logics import logic_for
+from stream_assets.runtime.core.keyed.results import result_key
+from stream_assets.runtime.core.ports import Sender
+from stream_assets.runtime.core.shuffle_codec import decode, encode_key
+from stream_assets.serde.packing import pack
+from stream_assets.state import layout as lay
+from stream_assets.state.changelog import commit_with_changelog
+from stream_assets.state.errors import FencedError
+from stream_assets.state.store import QueueStateStore
+from stream_assets.windows import WatermarkTracker, Window, later, window_closed
+
+
+def check_owner(ctx: StageContext, store: QueueStateStore) -> None:
+    """Raise :class:`FencedError` if a newer generation committed this queue's state."""
+    owner = store.meta.generation
+    if owner > ctx.generation:
+        raise FencedError(
+            f"{ctx.stage.input_topic}[{store.queue_id}] belongs to generation {owner} "
+            f"({store.meta.writer or 'unknown writer'}); this instance is generation "
+            f"{ctx.generation} and must not commit for it: it should stop"
+        )
+
+
+def run_keyed_batch(
+    ctx: StageContext,
+    queue_id: int,
+    end: int,
+    records: Iterable[Record],
+    store: QueueStateStore,
+    sender: Sender,
+    idle_origins: Collection[int] = (),
+    now_ms: int | None = None,
+) -> TaskStats:
+    """Apply shuffle ``records`` of queue ``queue_id`` (up to offset ``end``) to ``store``.
+
+    ``idle_origins``: source queues whose end offset has not moved for the
+    idle timeout and that were processed to their end, so nothing more can
+    come from them for now. ``now_ms``: the wall clock processing-time timers
+    and periodic results go by (default: now).
+
+    >>> stats = run_keyed_batch(ctx, 0, end, records, store, sender)  # doctest: +SKIP
+    >>> stats.records_in, stats.fired  # doctest: +SKIP
+    (120, 4)
+    """
+    assert ctx.stage.head is not None and ctx.stage.state_topic is not None
+    stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
+    check_owner(ctx, store)
+    emit.resend_outbox(ctx, queue_id, store, sender, stats)
+    run = _QueueBatch(ctx, queue_id, store, sender, stats, now_ms)
+    for record in records:
+        run.apply(record)
+    run.finish(end, frozenset(idle_origins))
+    return stats
+
+
+class _QueueBatch:
+    """The state of one run of :func:`run_keyed_batch`: lateness, logic, the batch."""
+
+    def __init__(
+        self,
+        ctx: StageContext,
+        queue_id: int,
+        store: QueueStateStore,
+        sender: Sender,
+        stats: TaskStats,
+        now_ms: int | None,
+    ) -> None:
+        head = ctx.stage.head
+        assert head is not None
+        self.ctx, self.head, self.queue_id = ctx, head, queue_id
+        self.store, self.sender, self.stats = store, sender, stats
+        self.meta = meta = store.next_meta()
+        self.tracker = (
+            WatermarkTracker.from_dict(meta.watermark)
+            if meta.watermark
+            else WatermarkTracker(head.allowed_lateness_ms)
+        )
+        if ctx.origins:  # origins of an earlier version of the topology hold nothing back
+            self.tracker.retain(ctx.origins)
+        for origin in ctx.origins:
+            self.tracker.expect(origin)
+        self.closed_floor: int | None = meta.extra.get("closed")
+        # Lateness is judged against the watermark the previous batch left (what
+        # has fired), not one recomputed with this batch's idle set: an origin that
+        # became idle may still have on-time records in this very batch.
+        self.wm_start = later(self.tracker.last_watermark, self.closed_floor)
+        self.logic = logic_for(head)
+        self.batch = KeyedBatch(
+            state=BatchState(store),
+            seq=meta.seq,
+            now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+            stats=stats,
+            fail=self._fail,
+            meta_extra=meta.extra,
+            watermark=self.wm_start,
+        )
+        self.got_input = False
+
+    def _fail(self, exc: BaseException, value: Any, position: str) -> None:
+        emit.dead_letter_value(
+            self.ctx, self.sender, self.stats, None, self.head.op_id, exc, value, position
+        )
+
+    def closed_for(self, src: int, carried: int | None = None) -> int | None:
+        """Up to where windows are closed for the next record from origin ``src``.
+
+        Closed by the watermark (what has fired), or by the origin's own
+        progress: the records it read before this one already reached event
+        time T, so anything for a window ending at or before T - lateness is
+        late, even while a silent origin holds the watermark back, and even in
+        a queue's first batch. ``carried``: the progress the record brought
+        (set when records routed elsewhere made it late).
+        """
+        progress = later(self.tracker.max_event_time(src), carried)
+        lateness = self.head.allowed_lateness_ms
+        return later(self.wm_start, None if progress is None else progress - lateness)
+
+    def apply(self, record: Record) -> None:
+        """Apply one shuffle message: records, pre-combined partials or a progress mark."""
+        body = decode(record.body)
+        src = int(body["src"])
+        applied = tuple(self.meta.origins.get(src, (-1, -1)))
+        if "recs" in body:
+            applied = self._apply_records(record, src, body["recs"], applied)
+        elif tuple(body["end"]) <= applied:  # applied before: nothing of it counts again
+            self.stats.skipped_duplicates += len(body.get("comb", ()))
+            return
+        elif "comb" in body:
+            applied = self._apply_combined(record, src, body)
+        else:  # a progress mark: committed like records, the progress must last
+            applied = tuple(body["end"])
+            self.got_input = True
+        if "p" in body:  # the origin's progress through this message's last origin
+            self.tracker.observe(src, int(body["p"]))
+        self.meta.origins[src] = (int(applied[0]), int(applied[1]))
+
+    def _apply_records(
+        self, record: Record, src: int, entries: list[Any], applied: tuple[int, ...]
+    ) -> tuple[int, ...]:
+        # The elements of one origin offset (one source record, one keyed batch's
+        # results) are all judged by the progress before them.
+        reading, read_ts = None, None
+        for entry in entries:
+            key, value, ts, off, sub = entry[:5]
+            if (off, sub) <= applied:
+                self.stats.skipped_duplicates += 1
+                continue
+            if off != reading and read_ts is not None:
+                self.tracker.observe(src, read_ts)
+            reading, read_ts = off, later(read_ts, ts) if off == reading else ts
+            applied = (off, sub)
+            self.got_input = True
+            self.stats.records_in += 1
+            origin = f"{src}/{off}/{sub}"
+            try:
+                closed = self.closed_for(src, entry[5] if len(entry) > 5 else None)
+                for window in self.head.windows_of(ts):
+                    self._fold(key, window, None, 1, value, ts, origin, closed)
+            except Exception as exc:
+                emit.dead_letter_value(
+                    self.ctx, self.sender, self.stats, record, self.head.op_id, exc, value, origin
+                )
+        if read_ts is not None:
+            self.tracker.observe(src, read_ts)
+        return applied
+
+    def _apply_combined(self, record: Record, src: int, body: dict[str, Any]) -> tuple[int, ...]:
+        end_origin = tuple(body["end"])
+        self.got_input = True
+        self.stats.records_in += int(body.get("n", 0))
+        # Partials of one batch of the origin: judged by its progress before them.
+        closed = self.closed_for(src)
+        where = f"{src}/{end_origin[0]}"
+        for key, ws, we, partial, max_ts, count in body["comb"]:
+            window = Window(ws, we) if ws is not None else None
+            try:
+                self._fold(key, window, partial, count, None, max_ts, where, closed)
+            except Exception as exc:  # e.g. a merged sum the state cannot hold
+                position = f"{where}/{result_key(key)}/{ws}"
+                value = [key, ws, we, partial]
+                emit.dead_letter_value(
+                    self.ctx, self.sender, self.stats, record, self.head.op_id, exc, value, position
+                )
+            self.tracker.observe(src, max_ts)
+        return end_origin
+
+    def _fold(
+        self,
+        key: Any,
+        window: Window | None,
+        partial: Any,
+        count: int,
+        value: Any,
+        ts: int,
+        origin: str,
+        closed: int | None,
+    ) -> None:
+        """Fold one record or partial in one window, unless it is late there."""
+        key_bytes = encode_key(key)
+        state = self.batch.state
+        if window is not None and window_closed(
+            self.logic.judged(state, key_bytes, window), closed
+        ):
+            self.stats.late += count
+            self.batch.late.append((key, value, window.end, origin))
+            return
+        # Event-time order: the key's due timers, then its expiry, then the record.
+        self.logic.before_record(self.batch, key_bytes, ts)
+        if self.head.ttl_ms is not None and self.logic.touches(value):
+            self._touch(key_bytes, ts, self.head.ttl_ms)
+        self.logic.fold(self.batch, key, key_bytes, window, partial, value, ts, origin)
+
+    def _touch(self, key_bytes: bytes, ts: int, ttl_ms: int) -> None:
+        """A record at ``ts``: forget the key first if its TTL ran out before it."""
+        latest = self.batch.touched.get(key_bytes)
+        stored = ttl.expires_at(self.batch.state, key_bytes)
+        expires = later(stored, None if latest is None else latest + ttl_ms)
+        if expires is not None and ts >= expires and self.logic.forgets_before_record:
+            ttl.forget_key(self.batch, self.logic, key_bytes, expires)
+            self.batch.touched.pop(key_bytes, None)
+        self.batch.keep_alive(key_bytes, ts)
+
+    def finish(self, end: int, idle: frozenset[int]) -> None:
+        """Fire, expire, emit and commit."""
+        ctx, meta, batch, tracker = self.ctx, self.meta, self.batch, self.tracker
+        watermark = tracker.watermark(idle)
+        all_idle = bool(tracker.origins()) and idle.issuperset(tracker.origins())
+        fire_to = later(watermark, self.closed_floor)
+        batch.watermark = fire_to
+        fired_end = self.logic.fire(batch, fire_to, all_idle)
+        if self.logic.fires_by_time:
+            self.stats.fired = len(batch.results)
+        if all_idle and fired_end is not None and self.logic.closes_when_idle:
+            # What fired by idleness stays closed: later records for it are late.
+            self.closed_floor = later(self.closed_floor, fired_end)
+        self._expire(fire_to)
+        self.logic.after_expiry(batch)
+        outbox = emit.emit(
+            ctx,
+            self.queue_id,
+            meta.seq,
+            self.sender,
+            self.stats,
+            self.head,
+            batch.results,
+            batch.late,
+        )
+        progress = emit.out_progress(
+            ctx, meta.extra.get("out_p"), watermark, self.closed_floor, batch.results
+        )
+        send_outbox = bool(outbox) or progress != meta.extra.get("out_p")
+        if send_outbox:
+            batch.state.changes[lay.OUTBOX] = pack([meta.seq, outbox, progress])
+            meta.extra["out_p"] = progress
+        # Outputs (and dead letters, late records) durable before the changelog
+        # says this batch happened: a restore never skips outputs that were lost.
+        self.sender.flush()
+        self._commit(end, watermark)
+        if send_outbox and self.committed:
+            emit.send_outbox(
+                ctx, self.queue_id, self.store, meta.seq, outbox, progress, self.sender, self.stats
+            )
+
+    def _expire(self, watermark: int | None) -> None:
+        """Move touched keys' expiry, then forget the keys the watermark passed."""
+        ttl_ms = self.head.ttl_ms
+        if ttl_ms is None:
+            return
+        for key_bytes, ts in sorted(self.batch.touched.items()):
+            ttl.touch(self.batch.state, key_bytes, ts + ttl_ms)
+        self.stats.expired = ttl.expire(self.batch, self.logic, watermark)
+
+    def _commit(self, end: int, watermark: int | None) -> None:
+        """Commit values, origins, offset, watermark and owner, if anything changed."""
+        ctx, meta, store = self.ctx, self.meta, self.store
+        meta.input_offset = end
+        meta.watermark = self.tracker.to_dict()
+        if self.closed_floor is not None:
+            meta.extra["closed"] = self.closed_floor
+        self.stats.watermark = -1 if watermark is None else watermark
+        claim = store.meta.generation != ctx.generation or store.meta.writer != ctx.writer
+        meta.generation, meta.writer = ctx.generation, ctx.writer
+        changes = self.batch.state.changes
+        self.committed = bool(
+            changes
+            or self.got_input
+            or claim
+            or meta.extra.get("closed") != store.meta.extra.get("closed")
+            or meta.extra.get("early_period") != store.meta.extra.get("early_period")
+        )
+        if self.committed:
+            # A new owner commits even an empty batch: its generation in the state
+            # topic is what fences the previous owner.
+            assert ctx.stage.state_topic is not None
+            writer = emit.changelog_writer(ctx, self.sender, ctx.stage.state_topic, self.queue_id)
+            commit_with_changelog(store, changes, meta, writer)
