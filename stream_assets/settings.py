@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -207,6 +207,38 @@ class EngineSettings(BaseSettings):
     )
     shuffle_queues: int = Field(default=8, gt=0, description="Queues of shuffle/state topics.")
     sink_queues: int = Field(default=8, gt=0, description="Queues of sink topics it creates.")
+    mode: Literal["micro-batch", "real-time"] = Field(
+        default="micro-batch",
+        description="How the stages run. 'micro-batch': one Spark Structured Streaming "
+        "micro-batch every trigger_interval_ms, a keyed record waiting for two of them. "
+        "'real-time': long-running Spark tasks, every stage at once, each processing what "
+        "arrives in small steps for interval_ms and committing every step (docs/engine.md).",
+    )
+    interval_ms: int = Field(
+        default=30_000,
+        gt=0,
+        description="Real-time mode: how long one Spark job of long-running tasks lasts (a "
+        "checkpoint interval, not a unit of latency); a stop or rebalance ends it early.",
+    )
+    step_max_records: int = Field(
+        default=10_000,
+        gt=0,
+        description="Real-time mode: at most this many records per stage in one step of a task.",
+    )
+    real_time_tasks: int = Field(
+        default=0,
+        ge=0,
+        description="Real-time mode: long-running tasks an instance runs (each takes a task "
+        "slot for the whole interval). 0: as many as its Spark application has slots (at "
+        "most one per queue). Set it where instances share one Spark application.",
+    )
+    idle_poll_ms: int = Field(
+        default=20,
+        gt=0,
+        description="Real-time mode: the longest a task waits between polls of its queues' "
+        "offsets when nothing arrived (it polls again at once while records arrive, and "
+        "backs off from 1 ms to this when they stop).",
+    )
     trigger_interval_ms: int = Field(default=500, gt=0)
     max_records_per_batch: int = Field(default=100_000, gt=0)
     tick_ms: int = Field(

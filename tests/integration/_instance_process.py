@@ -1,7 +1,7 @@
 """Run one WordCount instance in a process of its own, until it is killed.
 
 Used by the crash tests: ``python -m tests.integration._instance_process
-JOB SOURCE SINK STATE_DIR NAMESRV`` starts the instance and prints ``started``
+JOB SOURCE SINK STATE_DIR NAMESRV [MODE]`` starts the instance and prints ``started``
 once its queries run; the test then ``kill -9``s the whole process group
 (driver and Spark JVM) mid-batch.
 """
@@ -18,6 +18,7 @@ from stream_assets.settings import EngineSettings, RocketMQSettings
 
 def main() -> None:
     job, source, sink, state_dir, namesrv = sys.argv[1:6]
+    mode = sys.argv[6] if len(sys.argv) > 6 else "micro-batch"
     instance = Instance(
         wordcount.build(job, source, sink),
         rocketmq=RocketMQSettings(namesrv_addr=namesrv),
@@ -27,6 +28,11 @@ def main() -> None:
             sink_queues=4,
             trigger_interval_ms=200,
             max_records_per_batch=500,  # many small batches: a kill lands mid-batch
+            # Real-time: many small steps inside one long interval, so the kill lands
+            # mid-interval, with steps committed before it.
+            mode=mode,
+            step_max_records=50,
+            interval_ms=600_000,
             spark_conf={"spark.ui.showConsoleProgress": "false"},
         ),
         progress=lambda message: None,

@@ -37,9 +37,16 @@ class EngineHarness:
         topology: Topology,
         state_dir: Path,
         group: str | None = None,
+        *,
+        assignment: dict[str, list[int]] | None = None,
+        generation: int = 0,
         **engine: Any,
     ) -> Instance:
-        """A (not yet started) Instance with test defaults: shuffle_queues=4, 200 ms trigger."""
+        """A (not yet started) Instance with test defaults: shuffle_queues=4, 200 ms trigger.
+
+        ``engine`` holds EngineSettings fields; ``assignment`` and ``generation`` are the
+        instance's (a rebalance's), not settings.
+        """
         settings = EngineSettings(
             state_dir=state_dir,
             **{
@@ -50,7 +57,14 @@ class EngineHarness:
                 **engine,
             },
         )
-        return Instance(topology, group=group, rocketmq=self.client_settings, engine=settings)
+        return Instance(
+            topology,
+            group=group,
+            rocketmq=self.client_settings,
+            engine=settings,
+            assignment=assignment,
+            generation=generation,
+        )
 
     def start(self, instance: Instance) -> Instance:
         """Start ``instance`` (creating the SparkSession on first use)."""

@@ -21,6 +21,7 @@ from pyspark.accumulators import Accumulator, _accumulatorRegistry
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.errors import BrokerUnreachableError
 from stream_assets.runtime.core.context import StageContext, TaskStats
+from stream_assets.runtime.drive import queues
 from stream_assets.runtime.spark import task as spark_task
 from stream_assets.runtime.spark.task_stdout import EchoToStdout, TaskLines, run_printing
 from stream_assets.settings import RocketMQSettings
@@ -119,9 +120,9 @@ def test_a_closed_stdout_never_fails_the_merge(monkeypatch: pytest.MonkeyPatch) 
     assert EchoToStdout().addInPlace([], ["lost\n"]) == []
 
 
-def _task_context(broker_outage_s: float = 0.0) -> spark_task.TaskContext:
+def _task_context(broker_outage_s: float = 0.0) -> queues.TaskContext:
     stage = StageContext.of(wordcount.build(), 0, shuffle_queues=2, source_queues=(0, 1))
-    return spark_task.TaskContext(
+    return queues.TaskContext(
         stage=stage,
         rocketmq=RocketMQSettings(),
         group="g",
@@ -146,7 +147,7 @@ def test_the_spark_task_hands_each_queues_print_to_the_driver_in_order(
             print(f"q{queue_id} offset {offset}")  # a Print operator or a user's print()
         return TaskStats(queue_id=queue_id, end_offset=end)
 
-    monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
+    monkeypatch.setattr(queues, "run_stateless_queue", run_queue)
     pieces = Pieces()
     out = list(spark_task.task_fn({0: _task_context()}, stdout=pieces)(_rows(0, 1)))
     assert [b.to_pylist()[0]["queue_id"] for b in out] == [0, 1]
@@ -169,7 +170,7 @@ def test_only_the_attempt_that_succeeded_reaches_the_driver(
             raise BrokerUnreachableError("broker", "127.0.0.1:1", "refused")
         return TaskStats(queue_id=queue_id, end_offset=end)
 
-    monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
+    monkeypatch.setattr(queues, "run_stateless_queue", run_queue)
     pieces = Pieces()
     ctx = _task_context(broker_outage_s=5.0)
     list(spark_task.task_fn({0: ctx}, stdout=pieces)(_rows(0)))
@@ -184,7 +185,7 @@ def test_without_a_spark_context_the_task_leaves_prints_alone(
         print("plain")
         return TaskStats(queue_id=queue_id, end_offset=end)
 
-    monkeypatch.setattr(spark_task, "run_stateless_queue", run_queue)
+    monkeypatch.setattr(queues, "run_stateless_queue", run_queue)
     monkeypatch.setattr("pyspark.SparkContext._active_spark_context", None)
     list(spark_task.task_fn({0: _task_context()})(_rows(0)))
     assert capsys.readouterr().out == "plain\n"

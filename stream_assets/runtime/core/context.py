@@ -3,7 +3,7 @@
 :class:`StageContext` is plain data (the stage's plan nodes and engine numbers,
 no clients, no settings that reach a broker), so the same core runs inside a
 Spark task and inside :mod:`stream_assets.testing`. The Spark adapter wraps it
-in a :class:`~stream_assets.runtime.spark.task.TaskContext` with the client
+in a :class:`~stream_assets.runtime.drive.queues.TaskContext` with the client
 settings.
 
 Example::
@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import pyarrow as pa
 
@@ -136,11 +137,14 @@ class TaskStats:
     seconds: float = 0.0
     started: float = field(default_factory=time.monotonic, repr=False)
 
+    def as_row(self) -> dict[str, Any]:
+        """The figures as the driver records them, ``seconds`` taken now."""
+        self.seconds = time.monotonic() - self.started
+        return {k: v for k, v in asdict(self).items() if k != "started"}
+
     def to_batch(self) -> pa.RecordBatch:
         """One Arrow row for mapInArrow's output."""
-        self.seconds = time.monotonic() - self.started
-        row = {k: v for k, v in asdict(self).items() if k != "started"}
-        return pa.RecordBatch.from_pylist([row], schema=STATS_ARROW_SCHEMA)
+        return pa.RecordBatch.from_pylist([self.as_row()], schema=STATS_ARROW_SCHEMA)
 
 
 _STATS_TYPES = {

@@ -45,20 +45,23 @@ from stream_assets.rocketmq.provision import provision_topics, upgrade_topology
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.core.context import STATS_DDL, StageContext
 from stream_assets.runtime.drive.outage import TRANSIENT, ride_out_outage
+from stream_assets.runtime.drive.planning import StageOptions, combine_bounds, encode_stages
 from stream_assets.runtime.drive.prometheus import (
     MetricsEndpointError,
     PrometheusExporter,
     endpoint_port,
 )
+from stream_assets.runtime.drive.queues import TaskContext
 from stream_assets.runtime.drive.store_handles import release_job_stores
 from stream_assets.runtime.drive.user_code import ship_user_code
 from stream_assets.runtime.drive.warm_up import warm_queues
 from stream_assets.runtime.spark.class_archive import archive_path as class_archive_path
 from stream_assets.runtime.spark.class_archive import with_archive
 from stream_assets.runtime.spark.query_restart import RestartBudget, restartable
-from stream_assets.runtime.spark.source import RocketMQDataSource, StageOptions, encode_stages
+from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup
+from stream_assets.runtime.spark.source import RocketMQDataSource
 from stream_assets.runtime.spark.spark_logging import quiet_spark_conf
-from stream_assets.runtime.spark.task import TaskContext, task_fn
+from stream_assets.runtime.spark.task import task_fn
 from stream_assets.runtime.spark.worker_launcher import worker_python
 from stream_assets.settings import EngineSettings, RocketMQSettings, local_dir
 
@@ -210,8 +213,11 @@ class Instance:
         #: The same numbers for Prometheus, per queue: fed where ``metrics`` is (:meth:`_record`).
         self.prometheus = PrometheusExporter(topology, self.index, self.generation)
         #: The stages each Spark query runs: all in one, or one query per stage.
+        # Real-time mode runs every stage at once whatever query_per_stage says: no stage's
+        # batch waits for another's there.
+        per_stage = self.engine.query_per_stage and self.engine.mode == "micro-batch"
         self._query_stages: list[tuple[Stage, ...]] = (
-            [(s,) for s in topology.stages] if self.engine.query_per_stage else [topology.stages]
+            [(s,) for s in topology.stages] if per_stage else [topology.stages]
         )
 
     @property
@@ -497,6 +503,8 @@ class Instance:
         )
 
     def _start_query(self, stages: tuple[Stage, ...]) -> Any:
+        if self.engine.mode == "real-time":
+            return self._start_real_time(stages)
         reader = (
             self._spark.readStream.format("rocketmq")
             .option("stages", encode_stages({s.index: self._stage_options(s) for s in stages}))
@@ -520,34 +528,52 @@ class Instance:
             .start()
         )
 
+    def _start_real_time(self, stages: tuple[Stage, ...]) -> RealTimeQuery:
+        """The real-time mode's stand-in for a query (:mod:`.real_time`)."""
+        setup = RealTimeSetup(
+            group=self.group,
+            planned_group=self._planned_group,
+            interval_s=self.engine.interval_ms / 1000,
+            step_max_records=self.engine.step_max_records,
+            idle_poll_s=self.engine.idle_poll_ms / 1000,
+            broker_outage_s=self.engine.broker_outage_s,
+            tasks=self.engine.real_time_tasks,
+            on_rows=self._steps_done,
+            admin=lambda: self._admin,
+        )
+        name = f"{self.topology.job_id}-real-time-{uuid.uuid4().hex[:6]}"
+        return RealTimeQuery(
+            self._spark,
+            name,
+            {s.index: self._task_context(s) for s in stages},
+            {s.index: self._stage_options(s) for s in stages},
+            setup,
+        ).start()
+
+    def _steps_done(self, rows: list[dict[str, Any]]) -> None:
+        """One real-time step's rows, as they arrive: commit, then count (as a batch's)."""
+        ride_out_outage(
+            lambda: self._commit(rows),
+            budget_s=self.engine.broker_outage_s,
+            what=f"{self.topology.job_id}: offset commit",
+            log=self.progress,
+        )
+        for stage in sorted({int(r["stage"]) for r in rows}):
+            mine = [r for r in rows if int(r["stage"]) == stage]
+            self._record(stage, mine, max(float(r["seconds"]) for r in mine))
+
     @property
     def _planned_group(self) -> str:
         """The group whose offsets are the ends of stage 0's batches, stored as planned."""
         return f"{self.group}-planned"
 
     def _combine_from(self, stage: Stage) -> tuple[tuple[int, int], ...]:
-        """Per source queue, the offset from which stage 0 may pre-combine.
-
-        A run that crashed may have sent shuffle messages, cut at its own batch
-        boundaries, up to the end of the batch it had planned; a combined
-        message only de-duplicates against exactly those boundaries, so below
-        that end records go per record. Where no end was ever planned, a group
-        that never committed sent nothing (combine everything); one that
-        committed without planned ends (an older version) is bounded only by
-        the queue's end now.
-        """
+        """Per source queue, the offset from which stage 0 may pre-combine
+        (:func:`~stream_assets.runtime.drive.planning.combine_bounds`)."""
         topic = stage.input_topic
-        layout = self._layouts[topic]
-        ends = self._admin.topic_offsets(topic, layout.queues)
-        planned = self._admin.group_offsets(self._planned_group, topic, layout.queues)
-        committed = self._admin.group_offsets(self.group, topic, layout.queues)
-        out = []
-        for queue, offsets in ends.items():
-            bound = planned.get(queue)
-            if bound is None:
-                bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
-            out.append((layout.index(queue), bound))
-        return tuple(out)
+        return combine_bounds(
+            self._admin, topic, self._layouts[topic], self.group, self._planned_group
+        )
 
     def _batch_fn(
         self, stages: tuple[Stage, ...], contexts: dict[int, TaskContext]

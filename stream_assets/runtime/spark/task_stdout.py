@@ -45,25 +45,16 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Protocol, TypeVar
 
 from pyspark import SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 
-T = TypeVar("T")
+from stream_assets.runtime.drive.printing import Lines, run_printing
 
-
-class Lines(Protocol):
-    """Where a task adds what it printed (a Spark accumulator of text pieces)."""
-
-    def add(self, term: list[str]) -> None:
-        """Append the pieces ``term``."""
+__all__ = ["Lines", "run_printing", "stdout_accumulator"]
 
 
 class TaskLines(AccumulatorParam[list[str]]):
@@ -133,28 +124,3 @@ def active_stdout_accumulator() -> Accumulator[list[str]] | None:
     # PySpark has no public "the running context, if any": getOrCreate() would start one.
     spark_context = SparkContext._active_spark_context
     return None if spark_context is None else stdout_accumulator(spark_context)
-
-
-def run_printing(step: Callable[[], T], lines: Lines | None) -> T:
-    """``step()`` with what it prints to ``sys.stdout`` added to ``lines`` as one piece.
-
-    When ``step`` raises, the text goes to the stdout it would have reached
-    without capture (a Spark worker's: the executor's stderr), and the error
-    propagates. ``lines=None``: ``step()`` as it is.
-    """
-    if lines is None:
-        return step()
-    own_stdout = sys.stdout
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            result = step()
-    except BaseException:
-        with contextlib.suppress(OSError, ValueError):  # the step's error matters more
-            own_stdout.write(buffer.getvalue())
-            own_stdout.flush()
-        raise
-    text = buffer.getvalue()
-    if text:
-        lines.add([text])
-    return result

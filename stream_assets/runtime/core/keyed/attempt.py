@@ -17,7 +17,7 @@ check cost, what a restore rebuilt, and the store's size after the batch.
 :func:`run_stateful_batch` is all of that, for both of its callers. They
 differ only in the :class:`QueuePorts` they give it:
 
-- the Spark adapter (:func:`stream_assets.runtime.spark.task.run_stateful_queue`):
+- the Spark adapter (:func:`stream_assets.runtime.drive.queues.run_stateful_queue`):
   the store from the Python worker's kept handles on the executor's disk
   (closed after a failed attempt), the broker's admin and reader, a send
   buffer over the batching producer, the wall clock;

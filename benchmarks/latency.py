@@ -1,0 +1,131 @@
+"""End-to-end latency at half the engine's own maximum, per execution mode and workload.
+
+For each ``--mode`` (micro-batch, real-time) and workload (``passthrough``:
+source -> map -> sink, stage 0 only; ``wordcount``: two stages through the
+shuffle), measured in the same run on the same broker:
+
+1. the engine's maximum: a fresh instance over a backlog already in its
+   source topic, from ``Instance.start`` to the last input committed
+   (records or lines per second);
+2. latency at half that maximum: input sent at that steady pace for
+   ``--seconds`` while an instance runs; latency = the sink message's store
+   time - the send time of the record it came from (passthrough: every
+   record; wordcount: a word unique to each message, its first count).
+
+Prints one JSON object per (mode, workload) with at least ``mode``,
+``workload``, ``p50_ms``, ``p99_ms``, ``sent_per_s`` (what the producer
+achieved) and ``engine_per_s`` (what the engine committed over the same
+run: below ``sent_per_s``, it did not keep up). Targets (issue 30): p99 <=
+100 ms passthrough, <= 250 ms wordcount, on the idle machine.
+
+Usage::
+
+    python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import passthrough
+from benchmarks import wordcount as wordcount_bench
+from benchmarks._engine import create_topic, run_instance, unique, warm_spark
+from benchmarks.limits import produce_batched, record_bodies, wordcount_bodies
+from stream_assets.examples import wordcount
+from stream_assets.settings import EngineSettings, RocketMQSettings
+
+MODES = ("micro-batch", "real-time")
+WORKLOADS = ("passthrough", "wordcount")
+
+
+def engine_max(
+    settings: RocketMQSettings, engine: EngineSettings, workload: str, args: argparse.Namespace
+) -> float:
+    """Records (passthrough) or lines (wordcount) per second over a pre-produced backlog."""
+    job = unique(f"bench-max-{workload}")
+    source = f"{job}-in"
+    create_topic(settings, source, args.queues)
+    if workload == "passthrough":
+        produce_batched(settings, source, record_bodies(args.records, args.size))
+        topology = passthrough.build(job, source, f"{job}-out")
+        return run_instance(topology, settings, engine, args.records).records_per_s
+    lines = args.records
+    produce_batched(settings, source, wordcount_bodies(lines, args.lines_per_message))
+    topology = wordcount.build(job, source, f"{job}-out")
+    return run_instance(topology, settings, engine, lines).records_per_s
+
+
+def measure(
+    settings: RocketMQSettings, engine: EngineSettings, workload: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One line of figures: the maximum, then latency at half of it."""
+    best = engine_max(settings, engine, workload, args)
+    if workload == "passthrough":
+        lat = passthrough.latency(settings, args, engine, best / 2)
+        sent, done = lat["latency_sent_records_per_s"], lat["latency_engine_records_per_s"]
+    else:
+        lat = wordcount_bench.latency(settings, args, engine, best / 2)
+        sent, done = lat["latency_sent_lines_per_s"], lat["latency_engine_lines_per_s"]
+    return {
+        "mode": engine.mode,
+        "workload": workload,
+        "p50_ms": round(lat["latency_p50_ms"], 1),
+        "p99_ms": round(lat["latency_p99_ms"], 1),
+        "max_ms": round(lat["latency_max_ms"], 1),
+        "steady_p99_ms": round(lat["latency_steady_p99_ms"], 1),
+        "sent_per_s": round(sent, 1),
+        "engine_per_s": round(done, 1),
+        "max_per_s": round(best, 1),
+        "caught_up_after_last_send_s": round(lat["latency_drain_s"], 2),
+        "samples": int(lat["latency_samples"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
+    parser.add_argument("--workload", choices=WORKLOADS, action="append", help="default: both")
+    parser.add_argument(
+        "--records", type=int, default=100_000, help="backlog of the maximum's run (lines)"
+    )
+    parser.add_argument("--size", type=int, default=100, help="bytes a passthrough record")
+    parser.add_argument("--lines-per-message", type=int, default=20)
+    parser.add_argument("--queues", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of the paced run")
+    parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of steady_p99_ms")
+    parser.add_argument("--json", action="store_true", help="only the JSON lines")
+    args = parser.parse_args()
+    # The names the passthrough and wordcount latency steps read.
+    args.latency_seconds, args.latency_warmup_s = args.seconds, args.warmup_s
+    settings = RocketMQSettings()
+    base = EngineSettings()
+    base = base.model_copy(
+        update={"spark_conf": {"spark.ui.showConsoleProgress": "false", **base.spark_conf}}
+    )
+    began = time.perf_counter()
+    for mode in args.mode or MODES:
+        engine = base.model_copy(update={"mode": mode})
+        warm_spark(settings, engine, passthrough.build)
+        for workload in args.workload or WORKLOADS:
+            line = measure(settings, engine, workload, args)
+            print(json.dumps(line), flush=True)
+            if not args.json:
+                print(
+                    f"  {mode} {workload}: p50 {line['p50_ms']} ms, p99 {line['p99_ms']} ms at "
+                    f"{line['sent_per_s']:.0f}/s sent, {line['engine_per_s']:.0f}/s committed "
+                    f"(max {line['max_per_s']:.0f}/s)",
+                    file=sys.stderr,
+                )
+    if not args.json:
+        print(f"(whole benchmark: {time.perf_counter() - began:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
