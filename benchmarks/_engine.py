@@ -248,13 +248,20 @@ def latency_text(
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """``--trigger-ms`` and ``--max-records-per-batch`` (default: EngineSettings, env included)."""
+    """``--trigger-ms``, ``--mode`` and ``--max-records-per-batch`` (default: EngineSettings,
+    env included)."""
     defaults = EngineSettings()
     parser.add_argument(
         "--trigger-ms",
         type=int,
         default=defaults.trigger_interval_ms,
         help="trigger interval of every stage query (default %(default)s)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("micro-batch", "real-time"),
+        default=defaults.mode,
+        help="execution mode (default %(default)s)",
     )
     parser.add_argument(
         "--max-records-per-batch",
@@ -272,6 +279,7 @@ def engine_from(args: argparse.Namespace, **more: object) -> EngineSettings:
         "spark_conf": {"spark.ui.showConsoleProgress": "false", **defaults.spark_conf},
         "trigger_interval_ms": args.trigger_ms,
         "max_records_per_batch": args.max_records_per_batch,
+        "mode": args.mode,
         **more,
     }
     return defaults.model_copy(update=update)
@@ -280,6 +288,7 @@ def engine_from(args: argparse.Namespace, **more: object) -> EngineSettings:
 def knobs(engine: EngineSettings) -> dict[str, object]:
     """The engine settings a benchmark's figures depend on."""
     return {
+        "mode": engine.mode,
         "spark_master": engine.spark_master,
         "trigger_interval_ms": engine.trigger_interval_ms,
         "max_records_per_batch": engine.max_records_per_batch,

@@ -67,11 +67,12 @@ def measure(
 ) -> dict[str, Any]:
     """One line of figures: the maximum, then latency at half of it."""
     best = engine_max(settings, engine, workload, args)
+    rate = args.rate or best / 2
     if workload == "passthrough":
-        lat = passthrough.latency(settings, args, engine, best / 2)
+        lat = passthrough.latency(settings, args, engine, rate)
         sent, done = lat["latency_sent_records_per_s"], lat["latency_engine_records_per_s"]
     else:
-        lat = wordcount_bench.latency(settings, args, engine, best / 2)
+        lat = wordcount_bench.latency(settings, args, engine, rate)
         sent, done = lat["latency_sent_lines_per_s"], lat["latency_engine_lines_per_s"]
     return {
         "mode": engine.mode,
@@ -83,6 +84,7 @@ def measure(
         "sent_per_s": round(sent, 1),
         "engine_per_s": round(done, 1),
         "max_per_s": round(best, 1),
+        "target_per_s": round(rate, 1),
         "caught_up_after_last_send_s": round(lat["latency_drain_s"], 2),
         "samples": int(lat["latency_samples"]),
     }
@@ -99,6 +101,9 @@ def main() -> None:
     parser.add_argument("--lines-per-message", type=int, default=20)
     parser.add_argument("--queues", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of the paced run")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="records (lines) per second sent; 0: half the max"
+    )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of steady_p99_ms")
     parser.add_argument("--json", action="store_true", help="only the JSON lines")
     args = parser.parse_args()

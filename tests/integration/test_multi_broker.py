@@ -369,12 +369,14 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---
 
 
+@pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
 def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_worker_killed(
     spark_cluster: SparkCluster,  # noqa: F811
     cluster_admin: RocketMQAdmin,
     cluster_settings: RocketMQSettings,
     tmp_path: Path,
     report: Any,
+    mode: str,
 ) -> None:
     """The user's stateful logic where it is hardest: one source on both broker groups,
     two Spark workers that cannot see each other's disks, the CPUs busy, and worker 0
@@ -383,7 +385,8 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
     event-time timer and a state TTL) and ActivitySessions keyed by ``device``
     (sessions closed by an event-time timer that reads the session's state, under
     a TTL shorter than the gap: the timer must still see it). Both outputs equal
-    the references from the input (``_process_case``)."""
+    the references from the input (``_process_case``). In real-time mode the worker dies
+    mid-interval; the interval is short so that Spark's retry of its task finds a slot."""
     began = time.monotonic()
     job = unique("it-mb-proc")
     source, unique_sink, session_sink = f"{job}-src", f"{job}-unique", f"{job}-sessions"
@@ -436,6 +439,8 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
             "trigger_interval_ms": 300,
             "tick_ms": 500,
             "snapshot_every": 8,
+            "mode": mode,
+            "interval_ms": 5_000,
         },
     }
     live_from = 900  # events before the kill; the rest are produced around it
@@ -525,7 +530,7 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
 
     totals = {s: metrics[s]["totals"] for s in ("1", "2")}
     report(
-        f"dedup + sessions over 2 broker groups on 2 workers under load, worker 0 killed "
+        f"dedup + sessions ({mode}) over 2 broker groups on 2 workers under load, worker 0 killed "
         f"after {sent_at_kill}/{len(messages)} sent: {len(expected_unique)} unique of "
         f"{len(events)} events, {len(expected_sessions)} sessions; expired "
         f"{int(totals['1']['expired'])}+{int(totals['2']['expired'])} keys; "

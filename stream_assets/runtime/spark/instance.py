@@ -257,7 +257,10 @@ class Instance:
         # Every query stop logs it twice when no job of the query runs, the normal case
         # between micro-batches; any other DAGScheduler warning still shows.
         _quiet(spark, "org.apache.spark.scheduler.DAGScheduler", "Failed to cancel job group .*")
-        _register_source(spark)
+        if self.engine.mode == "micro-batch":
+            # Registering starts Spark's Python planner processes (~1 CPU-second on a
+            # cold start); the real-time mode plans in its own tasks.
+            _register_source(spark)
         return spark
 
     def _spark_conf(self) -> dict[str, str]:

@@ -153,16 +153,15 @@ class RealTimeQuery:
             for index, opts in sorted(self._options.items())
             for queue in _queues(opts)
         ]
-        # Round-robin by queue first: each task gets queues of every stage, so a busy
-        # stage is spread over the slots.
-        pairs.sort(key=lambda pair: (pair[1], pair[0]))
         count = min(slots, len(pairs))
+        # Dealt round-robin in stage order, one count running on across stages: each
+        # task gets queues of every stage that has as many queues as there are tasks.
+        shares: list[dict[int, list[int]]] = [{} for _ in range(count)]
+        for n, (index, queue) in enumerate(pairs):
+            shares[n % count].setdefault(index, []).append(queue)
         assert self._server is not None
         plans = []
-        for share in (pairs[i::count] for i in range(count)):
-            mine: dict[int, list[int]] = {}
-            for index, queue in share:
-                mine.setdefault(index, []).append(queue)
+        for mine in shares:
             options = {
                 i: dataclasses.replace(self._options[i], queues=tuple(qs)) for i, qs in mine.items()
             }
