@@ -119,11 +119,6 @@ class ChannelServer:
         for peer in peers:
             self._send_stop(peer)
 
-    def resume(self) -> None:
-        """Tasks that connect from now on run their interval (after a :meth:`request_stop`)."""
-        with self._lock:
-            self._stopping = False
-
     def close(self) -> None:
         """Stop serving; tasks still connected see the connection end (and stop)."""
         self._closed.set()

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -58,11 +59,10 @@ class RealTimeSetup:
 
 
 def _print_text(text: str) -> None:
-    try:
+    # stdout gone (a pipe whose reader left): the text is lost, the data is not.
+    with contextlib.suppress(OSError, ValueError):
         sys.stdout.write(text)
         sys.stdout.flush()
-    except (OSError, ValueError):
-        pass  # stdout gone: the text is lost, the data is not
 
 
 class RealTimeQuery:
