@@ -387,6 +387,9 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
     a TTL shorter than the gap: the timer must still see it). Both outputs equal
     the references from the input (``_process_case``). In real-time mode the worker dies
     mid-interval; the interval is short so that Spark's retry of its task finds a slot."""
+    if not spark_cluster.worker_processes(0):  # the other mode's case killed it
+        spark_cluster.start_worker(0)
+        spark_cluster.wait_ready(workers=2, timeout_s=120)
     began = time.monotonic()
     job = unique("it-mb-proc")
     source, unique_sink, session_sink = f"{job}-src", f"{job}-unique", f"{job}-sessions"

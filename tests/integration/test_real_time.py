@@ -4,8 +4,9 @@ Every test here runs with an interval (``EngineSettings.interval_ms``) far
 longer than the test: a result that reaches the sink proves the stages ran
 at the same time inside one interval (nothing is handed over at its end), and
 a stop or a rebalance that returns proves it waited for a step, not for the
-interval. The crash cases (kill -9 of an instance, of a Spark worker) run in
-both modes in tests/integration/test_engine.py and test_cluster.py.
+interval. The crash cases run elsewhere: kill -9 of an instance in both modes
+(test_engine.py), a Spark worker killed mid-interval on the 2-worker cluster
+(test_cluster.py) and over two broker groups under load (test_multi_broker.py).
 """
 
 from __future__ import annotations
