@@ -555,12 +555,7 @@ class Instance:
 
     def _steps_done(self, rows: list[dict[str, Any]]) -> None:
         """One real-time step's rows, as they arrive: commit, then count (as a batch's)."""
-        ride_out_outage(
-            lambda: self._commit(rows),
-            budget_s=self.engine.broker_outage_s,
-            what=f"{self.topology.job_id}: offset commit",
-            log=self.progress,
-        )
+        self._commit_riding_out(rows, "")
         for stage in sorted({int(r["stage"]) for r in rows}):
             mine = [r for r in rows if int(r["stage"]) == stage]
             self._record(stage, mine, max(float(r["seconds"]) for r in mine))
@@ -600,17 +595,21 @@ class Instance:
                     # regex that overflows its thread's stack, and prints ~1 000 frames.
                     return
                 raise
-            ride_out_outage(
-                lambda: self._commit(rows),
-                budget_s=self.engine.broker_outage_s,
-                what=f"{self.topology.job_id} {what}: offset commit",
-                log=self.progress,
-            )
+            self._commit_riding_out(rows, what)
             seconds = time.monotonic() - began
             for stage in stages:
                 self._record(stage.index, [r for r in rows if r["stage"] == stage.index], seconds)
 
         return run_batch
+
+    def _commit_riding_out(self, rows: list[dict[str, Any]], what: str) -> None:
+        """:meth:`_commit`, retried while the broker is unreachable (``what``: the stages)."""
+        ride_out_outage(
+            lambda: self._commit(rows),
+            budget_s=self.engine.broker_outage_s,
+            what=" ".join(filter(None, [self.topology.job_id, what])) + ": offset commit",
+            log=self.progress,
+        )
 
     def _commit(self, rows: list[dict[str, Any]]) -> None:
         """Store each queue's batch end as the group's offset: the work is durable now.
