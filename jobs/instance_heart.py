@@ -75,6 +75,8 @@ class Heart:
         self.batch_at: Callable[[], float] = lambda: 0.0
         #: Draining for a stop: the sources are no longer read (the other runs wait for it).
         self.draining = False
+        #: Broker groups the instance waits for, since when (epoch s), as of the last look.
+        self.waiting: dict[str, float] = {}
         self._sent: Progress | None = None
         self._loop_at = time.time()
         self._busy: tuple[str, float] | None = None
@@ -148,6 +150,7 @@ class Heart:
                 busy_since=busy_since,
                 batch_at=self.batch_at(),
                 draining=self.draining,
+                waiting=self.waiting,
             )
             self._sent = progress
 

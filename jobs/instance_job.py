@@ -281,11 +281,13 @@ def _supervise(
         now = time.monotonic()
         if now - last_lag >= config.heartbeat_interval_s:
             last_lag = now
+            _look_at_brokers(context, inst, heart)
             try:
                 heart.lag = inst.lag_by_queue()
             except TRANSIENT as exc:
                 # The stage queries ride out the outage on their own.
-                context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
+                if not heart.waiting:
+                    context.log.warning(f"lag unknown, the broker is unavailable: {exc}")
                 heart.lag = None
         if heart.progressed():
             heart.beat()
@@ -294,6 +296,25 @@ def _supervise(
             last_metrics = now
         rebalancing = state is not None and state.phase != "run"
         stop.wait(REBALANCE_POLL_S if rebalancing else config.heartbeat_interval_s / 4)
+
+
+def _look_at_brokers(context: dg.OpExecutionContext, inst: Instance, heart: Heart) -> None:
+    """Say in the log and the heartbeat which broker groups the instance waits for.
+
+    The instance does not fail for an outage: its steps wait, with no output,
+    until the group has a master again; this is how an operator learns why.
+    """
+    outages = inst.broker_outages()
+    heart.waiting = outages.down
+    for group, since in outages.went_down.items():
+        context.log.warning(
+            f"waiting for broker group {group}: no master answers (since "
+            f"{time.strftime('%H:%M:%S', time.localtime(since))}); the steps that need it wait "
+            f"and resume when it is back ({inst.outage_policy.describe_budget()}; "
+            f"`{inst.rocketmq.status_command}`)"
+        )
+    for group, down_s in outages.came_back.items():
+        context.log.info(f"broker group {group} answers again, after {down_s:.0f} s")
 
 
 #: Each running Instance's rate history. Kept beside the Instance rather than in

@@ -71,6 +71,11 @@ class RocketMQSettings(BaseSettings):
         description="Largest message body accepted; keep at or below the broker's maxMessageSize.",
     )
     producer_group: str = Field(default="stream-assets-producer")
+    status_command: str = Field(
+        default="stream-assets broker status",
+        description="The command that shows these brokers' health, named in outage messages "
+        "(`stream-assets cluster status` and the deployment set their own).",
+    )
     client_log_dir: Path | None = Field(
         default=None, description="Where the C++ client writes its logs (default .local/logs)."
     )
@@ -263,11 +268,19 @@ class EngineSettings(BaseSettings):
         "that imports slowly on a busy machine no longer misses Spark's fixed 10 s. False, or "
         "no launcher beside the interpreter: the interpreter itself.",
     )
-    broker_outage_s: float = Field(
-        default=120.0,
+    broker_outage_s: float | None = Field(
+        default=None,
         ge=0,
-        description="How long a running instance retries (with backoff) while the broker is "
-        "unreachable before its query fails; 0 fails at once.",
+        description="Unset (the default): a running instance waits as long as a broker outage "
+        "lasts, saying in its log and heartbeat which broker group it waits for and since when. "
+        "A number: its query fails after that many seconds of outage instead (0: at once), "
+        "and Dagster's supervisor starts the instance again.",
+    )
+    broker_backoff_max_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Longest pause between two retries while a broker is unreachable (the "
+        "pauses grow from 0.5 s): how soon after a broker is back the instance notices.",
     )
     metrics_port: int = Field(
         default=9450,

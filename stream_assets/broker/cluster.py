@@ -213,7 +213,12 @@ class LocalCluster:
     def client_settings(self) -> RocketMQSettings:
         """Client settings that point at this cluster's name server."""
         base = self._client or RocketMQSettings(namesrv_addr=self.namesrv_addr)
-        return base.model_copy(update={"namesrv_addr": self.namesrv_addr})
+        return base.model_copy(
+            update={
+                "namesrv_addr": self.namesrv_addr,
+                "status_command": "stream-assets cluster status",
+            }
+        )
 
     def node(self, group: str, role: Role = "master") -> ClusterNode:
         """``group``'s ``role`` node; KeyError if the cluster has none."""

@@ -43,6 +43,7 @@ from tenacity import (
 )
 
 from stream_assets.control.allocation import Allocation
+from stream_assets.runtime.drive.broker_watch import describe_waiting
 
 #: Every key this module writes starts with this, apart from the daemons' own keys.
 KEY_PREFIX = "stream_assets/"
@@ -240,6 +241,9 @@ class Heartbeat:
     batch_at: float = 0.0
     #: Draining for a stop: this run no longer reads the sources.
     draining: bool = False
+    #: Broker groups this run waits for (no master answers), and since when (epoch s):
+    #: alive and waiting, not stalled -- its steps resume when the group is back.
+    waiting: dict[str, float] = field(default_factory=dict)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -260,16 +264,20 @@ class Heartbeat:
         return max(0.0, (time.time() if now is None else now) - self.loop_at)
 
     def activity(self, now: float | None = None) -> str:
-        """What the run is busy with, and for how long: ``starting ... (for 45 s)`` or "".
+        """What the run is busy with or waits for, and for how long; "" when nothing.
 
         Example::
 
             >>> Heartbeat("wc", 1, 0, "r", ts=0.0, busy="starting", busy_since=5.0).activity(50.0)
             'starting (for 45 s)'
+            >>> Heartbeat("wc", 1, 0, "r", ts=0.0, waiting={"broker-b": 20.0}).activity(50.0)
+            'waiting for broker group broker-b: no master answers, for 30 s'
         """
-        if not self.busy:
-            return ""
-        return f"{self.busy} (for {(time.time() if now is None else now) - self.busy_since:.0f} s)"
+        at = time.time() if now is None else now
+        parts = [f"{self.busy} (for {at - self.busy_since:.0f} s)"] if self.busy else []
+        if self.waiting:
+            parts.append(f"waiting for {describe_waiting(self.waiting, at)}")
+        return "; ".join(parts)
 
     def to_json(self) -> str:
         """The stored form."""
@@ -293,6 +301,7 @@ class Heartbeat:
             "busy_since": self.busy_since,
             "batch_at": self.batch_at,
             "draining": self.draining,
+            "waiting": dict(self.waiting),
         }
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -319,6 +328,7 @@ class Heartbeat:
             busy_since=float(data.get("busy_since", 0.0)),
             batch_at=float(data.get("batch_at", 0.0)),
             draining=bool(data.get("draining", False)),
+            waiting={str(k): float(v) for k, v in data.get("waiting", {}).items()},
         )
 
 
@@ -346,6 +356,7 @@ def record_heartbeat(
     busy_since: float = 0.0,
     batch_at: float = 0.0,
     draining: bool = False,
+    waiting: Mapping[str, float] | None = None,
 ) -> Heartbeat:
     """Record that run ``run_id`` (instance ``instance_index`` of ``job_id``) is alive.
 
@@ -379,6 +390,7 @@ def record_heartbeat(
         busy_since=busy_since,
         batch_at=batch_at,
         draining=draining,
+        waiting=dict(waiting or {}),
     )
     _write(instance, heartbeat_key(run_id), beat.to_json())
     return beat

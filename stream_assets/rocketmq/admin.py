@@ -510,10 +510,19 @@ class RocketMQAdmin:
         return self.group_offsets(group, queue.topic, [queue])[queue]
 
     def group_offsets(
-        self, group: str, topic: str, queues: Iterable[MessageQueue] | None = None
+        self,
+        group: str,
+        topic: str,
+        queues: Iterable[MessageQueue] | None = None,
+        *,
+        from_master: bool = False,
     ) -> dict[MessageQueue, int | None]:
         """``group``'s committed offset on each of ``queues`` (default: every readable
         queue of ``topic``); None for a queue it never committed.
+
+        Asked of each group's master, or of its slave while the master is down;
+        ``from_master``: of the master only (raises while a group has none), for
+        an answer that is the group's truth, not a copy up to a sync interval old.
 
         One round trip per broker: a QUERY_CONSUMER_OFFSET per queue, pipelined.
         Not GET_CONSUME_STATS, although it answers for a whole topic in one
@@ -532,7 +541,7 @@ class RocketMQAdmin:
         found: dict[MessageQueue, int | None] = {}
         # Read from the slave while the master is down: its copy of the offsets
         # may be a sync interval old, which replays a little (de-duplicated).
-        for addr, on_broker in self._by_broker(wanted, read=True):
+        for addr, on_broker in self._by_broker(wanted, read=not from_master):
             requests: list[_Request] = [
                 (
                     RequestCode.QUERY_CONSUMER_OFFSET,

@@ -14,10 +14,37 @@ class BrokerUnreachableError(RocketMQError):
 
     def __init__(self, role: str, addr: str, reason: str) -> None:
         self.addr = addr
+        where = f" at {addr}" if addr not in ("", "-") else ""
         super().__init__(
-            f"cannot reach RocketMQ {role} at {addr}: {reason}. Is it running? "
-            "(`stream-assets broker status`; set STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR "
-            "if it lives elsewhere)"
+            f"cannot reach RocketMQ {role}{where}: {reason}. Is it running? (its status: "
+            "`stream-assets broker status`, `cluster status` or `deploy status`, whichever "
+            "started it; set STREAM_ASSETS_ROCKETMQ_NAMESRV_ADDR if it lives elsewhere)"
+        )
+
+
+class BrokerOutageError(RocketMQError):
+    """A broker stayed unreachable past the outage budget an instance was given.
+
+    Only with ``EngineSettings.broker_outage_s`` set: by default an instance
+    waits as long as an outage lasts.
+
+    Example::
+
+        >>> e = BrokerOutageError("stage 0 queue 3", 131.0, 120.0, "broker unavailable (x)",
+        ...                       "stream-assets cluster status")
+        >>> str(e).split(";")[0]
+        'stage 0 queue 3: the broker was unavailable for 131 s, past the outage budget of 120 s'
+    """
+
+    def __init__(
+        self, what: str, waited_s: float, budget_s: float, cause: str, status_command: str
+    ) -> None:
+        self.waited_s, self.budget_s = waited_s, budget_s
+        super().__init__(
+            f"{what}: the broker was unavailable for {waited_s:.0f} s, past the outage budget "
+            f"of {budget_s:.0f} s; raise STREAM_ASSETS_ENGINE_BROKER_OUTAGE_S, or unset it to "
+            f"wait as long as an outage lasts. Check the brokers with `{status_command}`. "
+            f"Last: {cause}"
         )
 
 

@@ -134,6 +134,17 @@ def test_heartbeat_with_lag_round_trips(instance: dg.DagsterInstance) -> None:
     )
 
 
+def test_a_heartbeat_says_which_broker_group_the_run_waits_for(
+    instance: dg.DagsterInstance,
+) -> None:
+    record_heartbeat(instance, "wordcount", 2, 1, "run-w", ts=5.5, waiting={"broker-b": 1.5})
+    beat = heartbeats(instance, ["run-w"])["run-w"]
+    assert beat.waiting == {"broker-b": 1.5}
+    assert beat.activity(now=46.5) == (
+        "waiting for broker group broker-b: no master answers, for 45 s"
+    )
+
+
 def test_invalid_desired_state_is_rejected() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         DesiredState(-1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from stream_assets.rocketmq.layout import TopicLayout
+from stream_assets.runtime.drive.outage import FAIL_AT_ONCE
 from stream_assets.runtime.drive.planning import StageOptions, position_key
 from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup
 
@@ -24,7 +25,7 @@ def _query(options: dict[int, StageOptions]) -> RealTimeQuery:
         interval_s=30.0,
         step_max_records=100,
         idle_poll_s=0.02,
-        broker_outage_s=0.0,
+        outage=FAIL_AT_ONCE,
         tasks=0,
         on_rows=lambda rows: None,
         admin=lambda: None,  # type: ignore[arg-type,return-value]

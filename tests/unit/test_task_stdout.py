@@ -22,6 +22,7 @@ from stream_assets.examples import wordcount
 from stream_assets.rocketmq.errors import BrokerUnreachableError
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.drive import queues
+from stream_assets.runtime.drive.outage import OutagePolicy
 from stream_assets.runtime.spark import task as spark_task
 from stream_assets.runtime.spark.task_stdout import EchoToStdout, TaskLines, run_printing
 from stream_assets.settings import RocketMQSettings
@@ -120,14 +121,14 @@ def test_a_closed_stdout_never_fails_the_merge(monkeypatch: pytest.MonkeyPatch) 
     assert EchoToStdout().addInPlace([], ["lost\n"]) == []
 
 
-def _task_context(broker_outage_s: float = 0.0) -> queues.TaskContext:
+def _task_context(budget_s: float = 0.0) -> queues.TaskContext:
     stage = StageContext.of(wordcount.build(), 0, shuffle_queues=2, source_queues=(0, 1))
     return queues.TaskContext(
         stage=stage,
         rocketmq=RocketMQSettings(),
         group="g",
         layouts={},
-        broker_outage_s=broker_outage_s,
+        outage=OutagePolicy(budget_s=budget_s),
     )
 
 
@@ -172,7 +173,7 @@ def test_only_the_attempt_that_succeeded_reaches_the_driver(
 
     monkeypatch.setattr(queues, "run_stateless_queue", run_queue)
     pieces = Pieces()
-    ctx = _task_context(broker_outage_s=5.0)
+    ctx = _task_context(budget_s=5.0)
     list(spark_task.task_fn({0: ctx}, stdout=pieces)(_rows(0)))
     assert pieces == ["attempt 2\n"]
     assert capsys.readouterr().out == "attempt 1\n"  # the worker's own stdout, as before

@@ -98,11 +98,9 @@ class _Task:
         self.plan = plan
         first = next(iter(plan.contexts.values()))
         settings = first.rocketmq
-        outage_s = first.broker_outage_s
+        outage = first.outage
         self.planners = {
-            index: StagePlanner(
-                index, opts, plan.group, lambda: admin_for(settings), broker_outage_s=outage_s
-            )
+            index: StagePlanner(index, opts, plan.group, lambda: admin_for(settings), outage)
             for index, opts in sorted(plan.options.items())
         }
         self.contexts = dict(plan.contexts)

@@ -34,7 +34,12 @@ from typing import Any, TypeVar
 from stream_assets.rocketmq.admin import MessageQueue, QueueOffsets, RocketMQAdmin
 from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.rocketmq.layout import TopicLayout
-from stream_assets.runtime.drive.outage import ride_out_outage, stderr_log
+from stream_assets.runtime.drive.outage import (
+    FAIL_AT_ONCE,
+    OutagePolicy,
+    ride_out_outage,
+    stderr_log,
+)
 
 T = TypeVar("T")
 
@@ -124,12 +129,12 @@ class StagePlanner:
         opts: StageOptions,
         group: str,
         admin: Callable[[], RocketMQAdmin],
-        broker_outage_s: float = 0.0,
+        outage: OutagePolicy = FAIL_AT_ONCE,
     ) -> None:
         self.index = index
         self.opts = opts
         self._group = group
-        self._outage_s = broker_outage_s
+        self._outage = outage
         self._admin = admin
         # Per source queue: (end offset, monotonic time it was first seen at that end).
         self._origin_ends: dict[tuple[str, MessageQueue], tuple[int, float]] = {}
@@ -146,9 +151,7 @@ class StagePlanner:
         self._down: set[tuple[str, str]] = set()
 
     def _ride(self, step: Callable[[], T], what: str) -> T:
-        return ride_out_outage(
-            step, budget_s=self._outage_s, what=f"source {self.opts.topic}: {what}"
-        )
+        return ride_out_outage(step, policy=self._outage, what=f"source {self.opts.topic}: {what}")
 
     def _key(self, queue: MessageQueue) -> str:
         return position_key(queue)

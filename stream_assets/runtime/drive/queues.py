@@ -44,7 +44,7 @@ from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_ba
 from stream_assets.runtime.core.send_buffer import SendBuffer
 from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.runtime.drive.clients import admin_for, producer_for, reader_for
-from stream_assets.runtime.drive.outage import ride_out_outage
+from stream_assets.runtime.drive.outage import FAIL_AT_ONCE, OutagePolicy, ride_out_outage
 from stream_assets.runtime.drive.planning import QueueRange
 from stream_assets.runtime.drive.printing import Lines, run_printing
 from stream_assets.runtime.drive.store_handles import HANDLES
@@ -65,8 +65,8 @@ class TaskContext:
     layouts: dict[str, TopicLayout]
     #: None: the executor's own local directory (see :func:`executor_state_root`).
     state_dir: str | None = None
-    #: Seconds a task retries while the broker is unreachable (runtime/drive/outage.py).
-    broker_outage_s: float = 0.0
+    #: How a task waits while the broker is unreachable (runtime/drive/outage.py).
+    outage: OutagePolicy = FAIL_AT_ONCE
 
     def input_queue(self, queue_id: int) -> MessageQueue:
         """The stage's input queue of index ``queue_id``."""
@@ -155,7 +155,7 @@ def run_range(ctx: TaskContext, r: QueueRange, lines: Lines | None) -> TaskStats
         step = partial(run_stateless_queue, ctx, r.queue_id, r.start, r.end)
     stats: TaskStats = ride_out_outage(
         partial(run_printing, step, lines),
-        budget_s=ctx.broker_outage_s,
+        policy=ctx.outage,
         what=f"{ctx.stage.job_id} stage {ctx.stage.stage.index} queue {r.queue_id}",
     )
     return stats

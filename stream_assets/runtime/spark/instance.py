@@ -39,12 +39,13 @@ from typing import Any, Protocol
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.acl import check_topology_credentials
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
-from stream_assets.rocketmq.errors import BrokerUnreachableError, TopicNotFoundError
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.provision import provision_topics, upgrade_topology
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.core.context import STATS_DDL, StageContext
-from stream_assets.runtime.drive.outage import TRANSIENT, ride_out_outage
+from stream_assets.runtime.drive.broker_watch import BrokerWatch, Outages
+from stream_assets.runtime.drive.offset_commits import OffsetCommits
+from stream_assets.runtime.drive.outage import TRANSIENT, OutagePolicy, ride_out_outage
 from stream_assets.runtime.drive.planning import StageOptions, combine_bounds, encode_stages
 from stream_assets.runtime.drive.prometheus import (
     MetricsEndpointError,
@@ -57,6 +58,7 @@ from stream_assets.runtime.drive.user_code import ship_user_code
 from stream_assets.runtime.drive.warm_up import warm_queues
 from stream_assets.runtime.spark.class_archive import archive_path as class_archive_path
 from stream_assets.runtime.spark.class_archive import with_archive
+from stream_assets.runtime.spark.query_errors import failure_message
 from stream_assets.runtime.spark.query_restart import RestartBudget, restartable
 from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup
 from stream_assets.runtime.spark.source import RocketMQDataSource
@@ -193,18 +195,19 @@ class Instance:
         self._spark: Any = None
         #: Every source, shuffle and state topic's layout (queue index -> broker, id).
         self._layouts: dict[str, TopicLayout] = {}
-        #: Offsets a broker group without a master could not store yet; sent with the next commit.
-        self._deferred: dict[MessageQueue, int] = {}
-        #: Every offset this instance's batches committed, while it runs its queues: a
-        #: master killed before it flushed them (every 5 s) comes back without them.
-        self._committed: dict[MessageQueue, int] = {}
-        self._commit_lock = threading.Lock()
+        #: The group's offsets as this instance commits them (waiting ones, lost ones).
+        self.offsets = OffsetCommits(lambda: self._admin, self.group, progress)
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
         self._source_queues: dict[str, tuple[int, ...]] = {}
         #: Who commits state: recorded with every changelog write of this instance.
         self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
+        self._broker_watch = BrokerWatch(self._probe_master)
+        #: How every step of this instance waits for an unreachable broker (settings).
+        self.outage_policy = OutagePolicy(
+            engine.broker_outage_s, engine.broker_backoff_max_s, rocketmq.status_command
+        )
 
     def _adopt(self, topology: Topology) -> None:
         """Run ``topology``: as built, then as the job's record names its topics."""
@@ -502,7 +505,7 @@ class Instance:
                 if t is not None
             },
             state_dir=str(self.engine.state_dir) if self.engine.state_dir else None,
-            broker_outage_s=self.engine.broker_outage_s,
+            outage=self.outage_policy,
         )
 
     def _start_query(self, stages: tuple[Stage, ...]) -> Any:
@@ -514,7 +517,7 @@ class Instance:
             .option("group", self.group)
             .option("settings_file", self._settings_file)
             .option("max_records_per_batch", str(self.engine.max_records_per_batch))
-            .option("broker_outage_s", str(self.engine.broker_outage_s))
+            .option("outage", self.outage_policy.encode())
             .option("partitions", str(self._spark.sparkContext.defaultParallelism))
         )
         contexts = {s.index: self._task_context(s) for s in stages}
@@ -539,7 +542,7 @@ class Instance:
             interval_s=self.engine.interval_ms / 1000,
             step_max_records=self.engine.step_max_records,
             idle_poll_s=self.engine.idle_poll_ms / 1000,
-            broker_outage_s=self.engine.broker_outage_s,
+            outage=self.outage_policy,
             tasks=self.engine.real_time_tasks,
             on_rows=self._steps_done,
             admin=lambda: self._admin,
@@ -606,7 +609,7 @@ class Instance:
         """:meth:`_commit`, retried while the broker is unreachable (``what``: the stages)."""
         ride_out_outage(
             lambda: self._commit(rows),
-            budget_s=self.engine.broker_outage_s,
+            policy=self.outage_policy,
             what=" ".join(filter(None, [self.topology.job_id, what])) + ": offset commit",
             log=self.progress,
         )
@@ -622,7 +625,7 @@ class Instance:
         de-duplication and the sinks' deterministic keys absorb.
         """
         stages = self.topology.stages
-        self._commit_offsets(
+        self.offsets.commit(
             {
                 self._layouts[stages[int(row["stage"])].input_topic].queue(
                     int(row["queue_id"])
@@ -631,33 +634,11 @@ class Instance:
             }
         )
 
-    def _commit_offsets(self, ends: dict[MessageQueue, int]) -> None:
-        """Commit ``ends`` and any offsets still waiting, a round trip per broker group;
-        a group that cannot store them now keeps them waiting (:attr:`_deferred`)."""
-        with self._commit_lock:
-            self._committed.update(ends)
-            by_group: dict[str, dict[MessageQueue, int]] = {}
-            for queue, offset in {**self._deferred, **ends}.items():
-                by_group.setdefault(queue.broker_name, {})[queue] = offset
-            for broker, offsets in by_group.items():
-                # Repeating a commit (outage riding) is safe.
-                try:
-                    self._admin.commit_consumer_offsets(self.group, offsets)
-                except (BrokerUnreachableError, TopicNotFoundError) as exc:
-                    if not any(q in self._deferred for q in offsets):
-                        self.progress(f"offsets on broker group {broker} wait: {exc}")
-                    self._deferred.update(offsets)
-                    continue
-                for queue in offsets:
-                    self._deferred.pop(queue, None)
-
     def commit_waiting(self) -> int:
         """Commit the offsets a broker group could not store when their batch ended
         (nothing else commits them while no new input arrives); returns how many
         still wait."""
-        if self._deferred:
-            self._commit_offsets({})
-        return len(self._deferred)
+        return self.offsets.commit_waiting()
 
     def _record(self, stage: int, rows: list[dict[str, Any]], seconds: float) -> None:
         with self._lock:
@@ -700,14 +681,9 @@ class Instance:
             wanted = self._queues_of(stage.input_topic)
             indices = range(len(layout)) if wanted is None else wanted
             queues = [layout.queue(i) for i in indices]
-            # What the broker acknowledged before it is asked: a commit landing while it
-            # answers is no loss (the broker may answer from before it).
-            with self._commit_lock:
-                acknowledged = dict(self._committed)
             # Committed offsets before the ends: the lag may overstate, never understate,
             # so 0 means everything the queue held was committed.
-            committed = admin.group_offsets(self.group, stage.input_topic, queues)
-            self._commit_again_if_lost(committed, acknowledged)
+            committed = self.offsets.group_offsets(stage.input_topic, queues)
             ranges = admin.topic_offsets(stage.input_topic, queues)
             per_queue: dict[int, int] = {}
             for q in queues:
@@ -719,38 +695,18 @@ class Instance:
         self.prometheus.record_lag(out)
         return out
 
-    def _commit_again_if_lost(
-        self, committed: dict[MessageQueue, int | None], acknowledged: dict[MessageQueue, int]
-    ) -> None:
-        """Commit again, with the next commit, any offset of ours the broker no longer has.
+    def broker_outages(self) -> Outages:
+        """The broker groups this instance uses that have no master answering, since
+        when, and what changed since the last look (:mod:`.broker_watch`)."""
+        one_queue: dict[str, MessageQueue] = {}
+        for layout in self._layouts.values():
+            for index in range(len(layout)):
+                queue = layout.queue(index)
+                one_queue.setdefault(queue.broker_name, queue)
+        return self._broker_watch.look(one_queue)
 
-        ``committed``: the broker's answer; ``acknowledged``: our offsets it had
-        acknowledged before it was asked (a commit made meanwhile, which its answer
-        may not show yet, is not taken for a loss).
-
-        A master killed before it flushed its consumer offsets (RocketMQ: every
-        5 s) restarts with older ones. Nothing else would commit those queues
-        again until new input arrives there, so their lag would stay up and a
-        restart would replay them (de-duplicated, but for nothing). Only this
-        instance commits its queues (a rebalance forgets those it gives up, a
-        reset runs with the topology stopped), so its own offsets are the truth.
-        """
-        with self._commit_lock:
-            lost = {
-                q: self._committed.get(q, ours)  # the newest of ours, if one came since
-                for q, on_broker in committed.items()
-                if (ours := acknowledged.get(q)) is not None
-                and (on_broker is None or on_broker < ours)
-                and q not in self._deferred
-            }
-            if not lost:
-                return
-            self._deferred.update(lost)
-        groups = ", ".join(sorted({q.broker_name for q in lost}))
-        self.progress(
-            f"broker group {groups} lost the committed offsets of {len(lost)} queues "
-            "(a master restarted before it flushed them); committing them again"
-        )
+    def _probe_master(self, queue: MessageQueue) -> None:
+        self._admin.group_offsets(self.group, queue.topic, [queue], from_master=True)
 
     def lag(self) -> dict[str, int]:
         """Messages not yet committed, per stage input topic (over assigned queues)."""
@@ -779,7 +735,7 @@ class Instance:
                 query.stop()
                 self._queries[position] = self._start_query_retrying(position)
                 continue
-            raise RuntimeError(f"query {query.name} failed: {exc}") from None
+            raise RuntimeError(f"query {query.name} failed: {failure_message(exc)}") from None
 
     def _start_query_retrying(self, position: int) -> Any:
         """:meth:`_start_query`, again while Spark's Python worker fails to start in time.
@@ -906,10 +862,9 @@ class Instance:
         self._queries.clear()
         try:
             left = self.commit_waiting()
-            # The queues are no longer this instance's to vouch for.
-            self._committed.clear()
+            self.offsets.forget()
         except TRANSIENT as exc:
-            left = len(self._deferred)
+            left = self.offsets.waiting
             self.progress(f"offsets still waiting at the stop: {exc}")
         if left:
             # Not lost: the next start replays from the older offsets (de-duplicated).

@@ -37,6 +37,7 @@ from typing import Any
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.runtime.drive.channel import ChannelServer
 from stream_assets.runtime.drive.interval import IntervalPlan, run_interval
+from stream_assets.runtime.drive.outage import OutagePolicy
 from stream_assets.runtime.drive.planning import StageOptions, StagePlanner, position_key
 from stream_assets.runtime.drive.queues import TaskContext
 
@@ -50,7 +51,7 @@ class RealTimeSetup:
     interval_s: float
     step_max_records: int
     idle_poll_s: float
-    broker_outage_s: float
+    outage: OutagePolicy
     #: Tasks per interval (0: the application's task slots).
     tasks: int
     #: Each step's stats rows, on the channel's thread (commit, then count).
@@ -97,7 +98,7 @@ class RealTimeQuery:
                 opts,
                 self._setup.group,
                 self._setup.admin,
-                broker_outage_s=self._setup.broker_outage_s,
+                self._setup.outage,
             )
             self._positions[index] = planner.initial()
         host = self._spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")

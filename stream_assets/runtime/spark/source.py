@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StructField, StructType
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.runtime.drive.outage import FAIL_AT_ONCE, OutagePolicy
 from stream_assets.runtime.drive.planning import (
     QueueRange,
     StageOptions,
@@ -92,7 +93,7 @@ class SourceOptions:
     stages: dict[int, StageOptions]
     #: Per stage: at most this many records per micro-batch.
     max_records_per_batch: int = 100_000
-    broker_outage_s: float = 0.0
+    outage: OutagePolicy = FAIL_AT_ONCE
     #: At most this many Spark tasks per micro-batch (0: one per queue).
     partitions: int = 0
 
@@ -118,7 +119,9 @@ class SourceOptions:
             settings_file=options["settings_file"],
             stages=stages,
             max_records_per_batch=int(options.get("max_records_per_batch", "100000")),
-            broker_outage_s=float(options.get("broker_outage_s", "0")),
+            outage=OutagePolicy.decode(options["outage"])
+            if options.get("outage")
+            else FAIL_AT_ONCE,
             partitions=int(options.get("partitions", "0")),
         )
 
@@ -160,9 +163,7 @@ class RocketMQStreamReader(DataSourceStreamReader):
         self._settings = options.settings()
         self._admin_obj: RocketMQAdmin | None = None
         self._planners = {
-            index: StagePlanner(
-                index, stage, options.group, self._get_admin, options.broker_outage_s
-            )
+            index: StagePlanner(index, stage, options.group, self._get_admin, options.outage)
             for index, stage in sorted(options.stages.items())
         }
 
