@@ -506,6 +506,20 @@ class ClusterSettings(BaseSettings):
     broker_a_master_port: int = Field(default=30911, gt=2, lt=65535)
     broker_a_slave_port: int = Field(default=31911, gt=2, lt=65535)
     broker_b_master_port: int = Field(default=28911, gt=2, lt=65535)
+    controller: bool = Field(
+        default=False,
+        description="Run the broker groups under a controller embedded in the name server "
+        "(RocketMQ 5 controller mode): when a group's master is lost, the controller promotes "
+        "its in-sync slave, which serves the group's queues, writes included, within seconds. "
+        "Off: plain master/slave, a slave serves reads only while its master is down.",
+    )
+    controller_port: int = Field(
+        default=29878,
+        gt=0,
+        lt=65536,
+        description="Where the controller listens (its DLedger peer address; brokers' "
+        "controllerAddr).",
+    )
     auto_create_topics: bool = Field(
         default=False,
         description="Broker autoCreateTopicEnable; off so a misspelt topic is an error.",

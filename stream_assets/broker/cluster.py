@@ -50,6 +50,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +62,7 @@ from stream_assets.broker import jvm
 from stream_assets.broker.jvm import BrokerStartError, Progress
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, ResponseCode
 from stream_assets.settings import ClusterSettings, RocketMQSettings
 
 CLUSTER = "DefaultCluster"
@@ -119,6 +121,9 @@ class NodeStatus:
     addr: str
     pid: int | None
     registered: bool
+    #: The brokerId the name server lists it under (None: not listed). Under a
+    #: controller 0 is whichever node is master now.
+    listed_id: int | None = None
 
     @property
     def serving(self) -> bool:
@@ -155,9 +160,9 @@ class ClusterStatus:
             state = f"pid {s.pid}" if s.pid else "stopped"
             if s.pid and not s.registered:
                 state += ", not registered"
-            lines.append(
-                f"  {s.node.group} {s.node.role} (brokerId {s.node.broker_id}) at {s.addr}: {state}"
-            )
+            listed = s.node.broker_id if s.listed_id is None else s.listed_id
+            role = "master" if listed == 0 else "slave"
+            lines.append(f"  {s.node.group} {role} (brokerId {listed}) at {s.addr}: {state}")
         return "\n".join(lines)
 
 
@@ -192,6 +197,8 @@ class LocalCluster:
                 f"{[n.name for n in self.nodes]}"
             )
         ports = [s.namesrv_port] + [p for n in self.nodes for p in n.ports().values()]
+        if s.controller:
+            ports.append(s.controller_port)
         if len(set(ports)) != len(ports):
             raise ValueError(
                 f"the cluster's ports overlap: {sorted(ports)} (each broker also uses its "
@@ -204,6 +211,11 @@ class LocalCluster:
     def namesrv_addr(self) -> str:
         """The name server's address, ``host:port``."""
         return self.settings.namesrv_addr
+
+    @property
+    def controller_addr(self) -> str:
+        """The controller's address (its DLedger peer address), ``host:port``."""
+        return f"{self.settings.host}:{self.settings.controller_port}"
 
     @property
     def groups(self) -> list[str]:
@@ -275,7 +287,49 @@ class LocalCluster:
             return None
 
     def _is_registered(self, table: Mapping[str, Mapping[int, str]] | None, n: ClusterNode) -> bool:
-        return table is not None and table.get(n.group, {}).get(n.broker_id) == self._addr(n)
+        if table is None:
+            return False
+        if self.settings.controller:
+            # The controller gives the ids: 0 to whichever node is master now.
+            return self._addr(n) in table.get(n.group, {}).values()
+        return table.get(n.group, {}).get(n.broker_id) == self._addr(n)
+
+    def node_in_role(self, group: str, role: Role = "master") -> ClusterNode:
+        """``group``'s node serving as ``role`` now: under a controller, the node the name
+        server lists as the master (brokerId 0) is the master, whichever started first.
+
+        Raises :class:`RocketMQError` while a controller-mode group has no master listed.
+        """
+        if not self.settings.controller:
+            return self.node(group, role)
+        master_addr = (self._registered() or {}).get(group, {}).get(0)
+        nodes = self.group_nodes(group)
+        master = next((n for n in nodes if self._addr(n) == master_addr), None)
+        if master is None:
+            raise RocketMQError(f"broker group {group} has no master listed by the name server")
+        if role == "master":
+            return master
+        others = [n for n in nodes if n != master]
+        if not others:
+            raise KeyError(f"broker group {group!r} has no slave")
+        return others[0]
+
+    def sync_state(self, group: str) -> set[str]:
+        """The addresses in ``group``'s SyncStateSet, as the controller has it (controller
+        mode): the nodes the controller may promote when the master is lost."""
+        pool = ConnectionPool(2.0, None)
+        try:
+            reply = pool.get(self.controller_addr, "controller").call(
+                RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, {}, body=json.dumps([group]).encode()
+            )
+        except RocketMQError:
+            return set()
+        finally:
+            pool.close()
+        if reply.code != ResponseCode.SUCCESS:
+            return set()
+        info = json.loads(reply.body or b"{}").get("replicasInfoTable", {}).get(group, {})
+        return {str(m["brokerAddress"]) for m in info.get("inSyncReplicas", []) if m.get("alive")}
 
     def _addr(self, node: ClusterNode) -> str:
         return f"{self.settings.host}:{node.port}"
@@ -288,7 +342,13 @@ class LocalCluster:
             self.namesrv_addr,
             pids.get(NAMESRV),
             tuple(
-                NodeStatus(n, self._addr(n), pids.get(n.name), self._is_registered(table, n))
+                NodeStatus(
+                    n,
+                    self._addr(n),
+                    pids.get(n.name),
+                    self._is_registered(table, n),
+                    _listed_id(table, n.group, self._addr(n)),
+                )
                 for n in self.nodes
             ),
         )
@@ -310,6 +370,11 @@ class LocalCluster:
             self.progress(status.describe())
             return status
         return self._bring_up(self.nodes, with_namesrv=True)
+
+    def start_nodes(self, nodes: Sequence[ClusterNode]) -> ClusterStatus:
+        """Start ``nodes`` (those not running); return once they are registered (and, under
+        a controller, in sync)."""
+        return self._bring_up(nodes, with_namesrv=False)
 
     def start_node(self, group: str, role: Role = "master") -> ClusterStatus:
         """Start ``group``'s ``role`` node (if not running); return once it is registered.
@@ -344,6 +409,8 @@ class LocalCluster:
         host = self.settings.host
         if start_namesrv:
             jvm.check_port_free(host, self.settings.namesrv_port, "name server", _PORT_HINT)
+            if self.settings.controller:
+                jvm.check_port_free(host, self.settings.controller_port, "controller", _PORT_HINT)
         for node in missing:
             for what, port in node.ports().items():
                 jvm.check_port_free(host, port, what, _PORT_HINT)
@@ -352,13 +419,18 @@ class LocalCluster:
         if start_namesrv:
             spawned[NAMESRV] = jvm.spawn_jvm(self._namesrv_spec(), cp, self.progress)
             self._wait("the name server to answer", lambda t: t is not None, spawned, deadline())
-        for role in ROLES:
-            batch = [n for n in missing if n.role == role]
+        # Masters before slaves, unless a controller decides the roles: it may be waiting
+        # for the node that was master when the cluster stopped, whichever that is.
+        by_role = [[n for n in missing if n.role == role] for role in ROLES]
+        batches = [by_role[0] + by_role[1]] if self.settings.controller else by_role
+        for batch in batches:
             for node in batch:
                 spawned[node.name] = jvm.spawn_jvm(self._broker_spec(node), cp, self.progress)
             if batch:
                 self._wait_registered(batch, spawned, deadline())
         self._wait_registered(nodes, spawned, deadline())
+        if self.settings.controller:
+            self._wait_in_sync({n.group for n in nodes}, spawned, deadline())
         status = self.status()
         self.progress(status.describe())
         return status
@@ -400,6 +472,39 @@ class LocalCluster:
                 )
             time.sleep(_POLL_S)
 
+    def hand_back_master(self, group: str) -> None:
+        """Under a controller: make ``group``'s first node its master again after a
+        failover promoted the other (kill the promoted one, restart it as the slave)."""
+        if not self.settings.controller or len(self.group_nodes(group)) < 2:
+            return
+        if self.node_in_role(group, "master") == self.node(group, "master"):
+            return
+        promoted = self.kill(group, "master")
+        self._wait(
+            f"{group}'s first node to be promoted back",
+            lambda table: (table or {}).get(group, {}).get(0) == self.addr(group, "master"),
+            {},
+            time.monotonic() + self.settings.start_timeout_s,
+        )
+        self.start_nodes([promoted])
+
+    def _wait_in_sync(
+        self, groups: set[str], spawned: Mapping[str, subprocess.Popen[bytes]], deadline: float
+    ) -> None:
+        """Under a controller: wait until every running node of ``groups`` is in its group's
+        SyncStateSet (a slave outside it is never promoted: a kill then loses the group)."""
+        running = self.pids()
+        for group in sorted(groups):
+            addrs = {self._addr(n) for n in self.group_nodes(group) if n.name in running}
+            if len(addrs) < 2:
+                continue
+            self._wait(
+                f"{group}'s nodes to be in sync (its SyncStateSet, as the controller has it)",
+                lambda _table, g=group, a=addrs: a <= self.sync_state(g),  # type: ignore[misc]
+                spawned,
+                deadline,
+            )
+
     # -- stop / kill -------------------------------------------------------------
 
     def stop(self) -> None:
@@ -430,22 +535,24 @@ class LocalCluster:
             self._pid_file(node.name).unlink(missing_ok=True)
         self._wait_unregistered(nodes)
 
-    def kill(self, group: str, role: Role = "master") -> None:
-        """SIGKILL ``group``'s ``role`` node (no shutdown of any kind, as a crash).
+    def kill(self, group: str, role: Role = "master") -> ClusterNode:
+        """SIGKILL ``group``'s ``role`` node (no shutdown of any kind, as a crash); under a
+        controller, the node in that role now (:meth:`node_in_role`).
 
-        Returns once the JVM is gone and the name server no longer lists it
-        (it notices the closed channel at once; the time it took is reported
-        through ``progress``).
+        Returns the node once the JVM is gone and the name server no longer
+        lists it (it notices the closed channel at once; the time it took is
+        reported through ``progress``).
         """
-        node = self.node(group, role)
+        node = self.node_in_role(group, role)
         pid = jvm.read_pid(self._pid_file(node.name))
         if pid is None:
             self.progress(f"{node.name} is not running")
         else:
             jvm.kill(pid)
-            self.progress(f"killed {node.name} (pid {pid})")
+            self.progress(f"killed {node.name} (pid {pid}), {group}'s {role}")
         self._pid_file(node.name).unlink(missing_ok=True)
         self._wait_unregistered([node])
+        return node
 
     def _wait_unregistered(self, nodes: Sequence[ClusterNode]) -> None:
         """Wait until the name server lists none of ``nodes`` (if it runs at all)."""
@@ -474,10 +581,25 @@ class LocalCluster:
             {
                 "listenPort": self.settings.namesrv_port,
                 "bindAddress": self.settings.host,
+                **(self._controller_conf() if self.settings.controller else {}),
                 **self.settings.namesrv_conf,
             },
         )
         return self._spec(NAMESRV, jvm.NAMESRV_MAIN, self.settings.namesrv_heap, conf)
+
+    def _controller_conf(self) -> dict[str, object]:
+        """The name server's embedded controller: one DLedger peer, its files in its dir."""
+        home = self.node_dir(NAMESRV)
+        return {
+            "enableControllerInNamesrv": True,
+            "controllerDLegerGroup": "controller",
+            "controllerDLegerPeers": f"n0-{self.controller_addr}",
+            "controllerDLegerSelfId": "n0",
+            "controllerStorePath": home / "controller-store",
+            "configStorePath": home / "controller.properties",
+            # Its log file is sparse, but 1 GiB by default: small for a dev box.
+            "mappedFileSize": 64 * 1024 * 1024,
+        }
 
     def broker_conf(self, node: ClusterNode) -> dict[str, object]:
         """The broker.conf of ``node`` (extra keys of the settings included)."""
@@ -502,10 +624,23 @@ class LocalCluster:
                 auto_create_topics=s.auto_create_topics,
             ),
         }
-        if node.role == "slave":
+        if node.role == "slave" or s.controller:
             # Without it a slave answers every pull with SYSTEM_BUSY
-            # (PullMessageProcessor.rejectRequest in 5.3.3).
+            # (PullMessageProcessor.rejectRequest in 5.3.3). Under a controller any node
+            # may be the slave.
             values["slaveReadEnable"] = True
+        if s.controller:
+            values.update(
+                # The controller decides who is master and gives the ids; every node
+                # starts as a slave asking it.
+                brokerId=-1,
+                brokerRole="SLAVE",
+                enableControllerMode=True,
+                controllerAddr=self.controller_addr,
+                # A write is acknowledged once every in-sync replica has it: a promoted
+                # slave then holds every acknowledged state and shuffle message.
+                allAckInSyncStateSet=True,
+            )
         return {**values, **s.broker_conf, **s.node_conf.get(node.name, {})}
 
     def _broker_spec(self, node: ClusterNode) -> jvm.JvmSpec:
@@ -516,3 +651,8 @@ class LocalCluster:
         return jvm.JvmSpec(
             name, main, heap, conf, self.node_dir(name), self.log_file(name), self._pid_file(name)
         )
+
+
+def _listed_id(table: Mapping[str, Mapping[int, str]] | None, group: str, addr: str) -> int | None:
+    """The brokerId ``addr`` is listed under in ``group`` (None: not listed)."""
+    return next((i for i, a in (table or {}).get(group, {}).items() if a == addr), None)

@@ -203,7 +203,13 @@ def spawn_jvm(spec: JvmSpec, cp: str, progress: Progress) -> subprocess.Popen[by
         f"-Xmx{spec.heap}",
         "-XX:+UseG1GC",
         f"-Duser.home={spec.user_home}",  # RocketMQ logs to ${user.home}/logs/rocketmqlogs
-        "-Dlogback.statusListenerClass=ch.qos.logback.core.status.NopStatusListener",
+        # RocketMQ shades logback: the unshaded class name is not on its classpath.
+        "-Dlogback.statusListenerClass="
+        "org.apache.rocketmq.logging.ch.qos.logback.core.status.NopStatusListener",
+        # The controller's hessian serializer reflects into java.lang (JDK 17 refuses,
+        # with eight harmless stack traces, without it).
+        "--add-opens",
+        "java.base/java.lang=ALL-UNNAMED",
         "-cp",
         cp,
         spec.main,

@@ -412,10 +412,13 @@ class RocketMQAdmin:
         return group
 
     def forget_route(self, queue: MessageQueue) -> None:
-        """Drop the cached route of ``queue``'s group: the next call asks the name server
-        (after a failure: a killed master is dropped from the route at once, and its
-        slave serves the reads)."""
-        self._addr_cache.pop((queue.topic, queue.broker_name), None)
+        """Drop the cached addresses of ``queue``'s group, for every topic: the next call
+        asks the name server (after a failure: a killed master is dropped from the route
+        at once, and its slave serves the reads, or is promoted under a controller).
+        Every topic's, because the group's addresses are the same in all of them: one
+        failed call spares the others a timeout each on the dead address."""
+        for key in [k for k in self._addr_cache if k[1] == queue.broker_name]:
+            self._addr_cache.pop(key, None)
 
     def broker_addr(self, queue: MessageQueue) -> str:
         """The master address serving ``queue``: where writes and commits go.

@@ -53,6 +53,7 @@ from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
     RocketMQError,
     SendError,
+    TopicNotFoundError,
 )
 from stream_assets.rocketmq.hashing import choose_queue
 from stream_assets.rocketmq.layout import TopicLayout
@@ -338,12 +339,31 @@ class BatchProducer:
                     self._layouts[layout.topic] = layout
                     self._routes.pop(layout.topic, None)
 
-    def _forget_routes(self, topics: set[str]) -> None:
-        # After a broker was unreachable its address may have moved; the next
-        # send_all asks the name server again.
+    def _forget_routes(self, addrs: set[str]) -> None:
+        # After a broker was unreachable its address may have moved (a slave promoted
+        # under a controller): every route through it is asked of the name server again.
         with self._routes_lock:
-            for topic in topics:
+            stale = [
+                t for t, (_, slots) in self._routes.items() if any(s.addr in addrs for s in slots)
+            ]
+            for topic in stale:
                 self._routes.pop(topic, None)
+
+    def _repoint(self, requests: list[_Request]) -> None:
+        """Send ``requests`` (which found their broker unreachable) to their queue's
+        address in a fresh route: the same queue, wherever its group's master is now."""
+        for request in requests:
+            try:
+                slots = self._route(request.topic)[1]
+            except (BrokerUnreachableError, TopicNotFoundError):
+                continue  # no route now: the next attempt tries the old address again
+            same = [
+                s
+                for s in slots
+                if (s.broker_name, s.queue_id) == (request.slot.broker_name, request.slot.queue_id)
+            ]
+            if same:
+                request.slot = same[0]
 
     # -- sending -----------------------------------------------------------
 
@@ -459,13 +479,15 @@ class BatchProducer:
                 by_addr.setdefault(request.slot.addr, []).append(i)
         failures: list[str] = []
         unreachable: set[str] = set()
+        moved: list[_Request] = []
         results = self._call_brokers(pool, heads, by_addr)
         for addr, outcome in results.items():
             if isinstance(outcome, BrokerUnreachableError):
                 # Which of the requests took effect is unknown: resend them all
                 # (at-least-once), queue order is still kept.
                 failures.append(str(outcome))
-                unreachable.update(heads[i].topic for i in by_addr[addr])
+                unreachable.add(addr)
+                moved.extend(heads[i] for i in by_addr[addr])
                 continue
             for i, reply in zip(by_addr[addr], outcome, strict=True):
                 request = heads[i]
@@ -483,6 +505,7 @@ class BatchProducer:
                     )
         if unreachable:
             self._forget_routes(unreachable)
+            self._repoint(moved)
         if failures:
             raise _TransientSendError("; ".join(failures))
 

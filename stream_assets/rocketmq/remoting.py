@@ -42,6 +42,8 @@ class RequestCode(IntEnum):
     """Request codes used here (org.apache.rocketmq.remoting.protocol.RequestCode)."""
 
     PULL_MESSAGE = 11
+    #: A controller's SyncStateSet of broker groups (controller mode).
+    CONTROLLER_GET_SYNC_STATE_DATA = 1006
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,7 +33,8 @@ from stream_assets.examples import windowed_sum, wordcount, wordcount_arrow
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
-from stream_assets.rocketmq.layout import current_layout
+from stream_assets.rocketmq.errors import SendError
+from stream_assets.rocketmq.layout import TopicLayout, current_layout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, ResponseCode
 from stream_assets.runtime.spark.instance import Instance
@@ -325,6 +327,121 @@ def test_a_broker_group_down_is_waited_for_and_reported_exactly_and_the_job_rest
         f"broker-b down {back_s:.0f}s mid-stream: reported after {seen_s:.1f}s, caught up "
         f"{caught_up_s:.0f}s after it went down, counts exact; restarted cleanly"
     )
+
+
+class _LiveLines:
+    """Sends ``lines`` (ten a message, 20 messages a call) from a thread, as an
+    application would: a failed call is sent again until stored (a resend may store
+    a message twice; references are computed from what the topic holds)."""
+
+    def __init__(self, settings: RocketMQSettings, topic: str, lines: Sequence[str]) -> None:
+        self.sent = self.resends = 0
+        self._messages = [
+            OutgoingMessage(topic, "\n".join(lines[i : i + 10]).encode(), key=f"live-{i}")
+            for i in range(0, len(lines), 10)
+        ]
+        self._settings = settings
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with BatchProducer(self._settings) as producer:
+                for i in range(0, len(self._messages), 20):
+                    while True:
+                        try:
+                            producer.send_all(self._messages[i : i + 20])
+                            break
+                        except SendError:
+                            self.resends += 1
+                            time.sleep(0.2)  # pacing the retries of a failed call
+                    self.sent = i + 20
+                    time.sleep(0.4)  # a live stream (500 lines/s), not one burst
+        except BaseException as exc:
+            self._error = exc
+
+    @property
+    def total(self) -> int:
+        return len(self._messages)
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        if self._error is not None:
+            raise self._error
+
+
+def test_a_killed_master_fails_over_to_its_slave_and_results_resume_without_a_restart(
+    cluster_engine: EngineHarness,
+    cluster_admin: RocketMQAdmin,
+    cluster_settings: RocketMQSettings,
+    cluster_restored: LocalCluster,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """Controller mode: kill -9 of broker-a's master mid-stream under a keyed WordCount.
+    The controller promotes the in-sync slave; the running instance follows the group to
+    its new master (reads, shuffle and state writes, offset commits) with no restart."""
+    cluster = cluster_restored
+    job = unique("it-mb-failover")
+    source, sink = _source(cluster_admin, job), f"{job}-out"
+    topology = wordcount.build(job, source, sink)
+    inst = cluster_engine.start(
+        cluster_engine.instance(topology, tmp_path / "state", max_records_per_batch=100)
+    )
+    _send_lines(cluster_settings, source, _lines(60, 2_000), "pre")
+    inst.await_caught_up(CATCH_UP_S)  # running, with state on both groups
+    live = _LiveLines(cluster_settings, source, _lines(61, 8_000))
+    wait_until(lambda: live.sent >= live.total // 3, 120, "a third of the stream sent")
+    killed_at = time.monotonic()
+    cluster.kill("broker-a", "master")
+    # Results for input sent after the kill, on every source queue of both groups.
+    marker = "failover-marker"
+    layout = TopicLayout.of(cluster_admin.queues(source))
+    queues = len(layout)
+    with BatchProducer(cluster_settings) as producer:
+        producer.pin([layout])  # queue i stays broker-a's or broker-b's through the failover
+        for q in range(queues):  # one at a time: a failed send is sent again alone
+            message = OutgoingMessage(source, marker.encode(), queue_id=q)
+            wait_until(lambda m=message: _sent_ok(producer, [m]), 60, f"the marker to {q}")
+
+    def marker_counted() -> bool:
+        return final_counts(read_topic(cluster_admin, sink)).get(marker, 0) >= queues
+
+    wait_until(marker_counted, CATCH_UP_S, "the marker's count in the sink", poll_s=0.5)
+    resumed_s = time.monotonic() - killed_at
+    live.join(CATCH_UP_S)
+    inst.check_failed()  # the same instance all along, never failed
+    inst.await_caught_up(CATCH_UP_S)
+
+    stored = [r.body.decode() for r in read_topic(cluster_admin, source)]
+    words = collections.Counter(
+        w for body in stored for line in body.split("\n") for w in line.split()
+    )
+    assert words[marker] == queues  # premise: the marker went to each queue once
+    assert final_counts(read_topic(cluster_admin, sink)) == dict(words)
+    _assert_fully_committed(cluster_admin, job, source)
+    for state_topic in topology.state_topics:
+        histories = process_case.state_histories(cluster_admin, state_topic)
+        for queue, (seqs, writers) in histories.items():
+            assert seqs == list(range(1, len(seqs) + 1)), f"{state_topic}[{queue}]: {seqs}"
+            assert len(writers) <= 1, f"{state_topic}[{queue}]: {writers}"
+    assert resumed_s < 30, f"results resumed only {resumed_s:.1f} s after the kill"
+    report(
+        f"broker-a's master killed mid-stream ({live.sent}/{live.total} messages sent), slave "
+        f"promoted: results for input sent after the kill {resumed_s:.1f} s after it, no "
+        f"instance restart; {sum(words.values())} words exact ({live.resends} resent calls)"
+    )
+
+
+def _sent_ok(producer: BatchProducer, messages: list[OutgoingMessage]) -> bool:
+    """Whether ``messages`` were stored now (False: a failover under way, try again)."""
+    try:
+        producer.send_all(messages)
+    except SendError:
+        return False
+    return True
 
 
 # -- scale 1 -> 3 -> 2 over two broker groups ----------------------------------------

@@ -1,8 +1,9 @@
-"""The local RocketMQ cluster, for real: routes over two groups, a slave serving reads, restarts.
+"""The local RocketMQ cluster, for real: routes over two groups, a controller's failover, restarts.
 
-Runs against ``rocketmq_cluster`` (name server 29876; broker-a master 30911 and
-slave 31911; broker-b master 28911). Tests that kill or stop nodes take
-``cluster_restored``, which brings every node back afterwards.
+Runs against ``rocketmq_cluster`` (name server 29876 with its controller on
+29878; broker-a master 30911 and slave 31911; broker-b master 28911). Tests that
+kill or stop nodes take ``cluster_restored``, which brings every node back
+afterwards, in its first role.
 
 Messages are sent and pulled over the remoting protocol to one node's address
 on purpose: the test decides which node answers (a producer would pick a queue
@@ -101,25 +102,6 @@ def _max_offset(addr: str, topic: str, queue_id: int) -> int:
     return int(reply.ext_fields["offset"]) if reply.code == ResponseCode.SUCCESS else -1
 
 
-def _create_topic_on(addr: str, topic: str) -> None:
-    """The topic config on one node, as ``RocketMQAdmin.create_topic`` sends it to a master."""
-    reply = _call(
-        addr,
-        RequestCode.UPDATE_AND_CREATE_TOPIC,
-        {
-            "topic": topic,
-            "defaultTopic": "TBW102",
-            "readQueueNums": str(QUEUES),
-            "writeQueueNums": str(QUEUES),
-            "perm": "6",
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": "0",
-            "order": "false",
-        },
-    )
-    assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
-
-
 def _raw_route(admin: RocketMQAdmin, topic: str) -> dict[str, Any]:
     """The name server's route of ``topic`` as it sends it (brokerDatas, queueDatas)."""
     conn = RemotingConnection(admin.settings.namesrv_addr, timeout_s=5.0)
@@ -134,11 +116,14 @@ def _raw_route(admin: RocketMQAdmin, topic: str) -> dict[str, Any]:
 def test_a_topic_has_queues_on_both_groups(rocketmq_cluster: LocalCluster) -> None:
     cluster = rocketmq_cluster
     topic = _topic()
+    master, slave = cluster.addr("broker-a"), cluster.addr("broker-a", "slave")
     with RocketMQAdmin(cluster.client_settings()) as admin:
-        assert admin.cluster_brokers(CLUSTER) == {
-            "broker-a": {0: cluster.addr("broker-a"), 1: cluster.addr("broker-a", "slave")},
-            "broker-b": {0: cluster.addr("broker-b")},
-        }
+        brokers = admin.cluster_brokers(CLUSTER)
+        # Under a controller the slave's id is the one the controller gave it (> 0).
+        assert brokers["broker-b"] == {0: cluster.addr("broker-b")}
+        assert brokers["broker-a"][0] == master
+        assert sorted(brokers["broker-a"].values()) == sorted([master, slave])
+        assert cluster.sync_state("broker-a") == {master, slave}
         route = admin.create_topic(topic, queues=QUEUES)
         for group in ("broker-a", "broker-b"):
             assert route.brokers[group][:3] == (cluster.addr(group), QUEUES, QUEUES)
@@ -148,79 +133,82 @@ def test_a_topic_has_queues_on_both_groups(rocketmq_cluster: LocalCluster) -> No
         assert route.write_queue_count == 2 * QUEUES
 
 
-def test_the_slave_serves_a_message_after_its_master_is_killed(
+def test_a_killed_master_is_replaced_by_its_in_sync_slave_which_takes_writes(
     cluster_restored: LocalCluster, report: Any
 ) -> None:
     cluster = cluster_restored
     master, slave = cluster.addr("broker-a"), cluster.addr("broker-a", "slave")
     topic = _topic()
     with RocketMQAdmin(cluster.client_settings()) as admin:
-        admin.create_topic(topic, queues=QUEUES)
-    # A slave copies topic configs from its master only every 60 s (fixed in
-    # 5.3.3) and answers TOPIC_NOT_EXIST until then; give it the config now,
-    # as that copy would.
-    _create_topic_on(slave, topic)
-    body = b"\x00\xffslave-read-" + uuid.uuid4().bytes
+        admin.create_topic(topic, queues=QUEUES)  # on the slave too
+    body = b"\x00\xffbefore-the-kill-" + uuid.uuid4().bytes
+    # Acknowledged only once every in-sync replica has it (allAckInSyncStateSet).
     offset = _send(master, "broker-a", topic, 2, body)
-    wait_for(lambda: _max_offset(slave, topic, 2) > offset, 30.0, "the slave to replicate")
 
     began = time.monotonic()
-    cluster.kill("broker-a", "master")
+    killed = cluster.kill("broker-a", "master")
+    assert killed == cluster.node("broker-a", "master")
     with RocketMQAdmin(cluster.client_settings()) as admin:
-        assert admin.cluster_brokers(CLUSTER)["broker-a"] == {1: slave}
+        wait_for(
+            lambda: admin.cluster_brokers(CLUSTER).get("broker-a") == {0: slave},
+            30.0,
+            "the controller to promote broker-a's slave",
+        )
+        promoted_s = time.monotonic() - began
         route = _raw_route(admin, topic)
-    report(
-        f"SIGKILL of broker-a's master until the name server dropped it: "
-        f"{time.monotonic() - began:.2f}s"
-    )
-    # The group stays in the route with only its slave, and keeps its queues.
+    report(f"SIGKILL of broker-a's master until its slave is the master: {promoted_s:.2f}s")
+    assert cluster.node_in_role("broker-a") == cluster.node("broker-a", "slave")
+    # Same group name and queues, the promoted node's address as brokerId 0.
     groups = {b["brokerName"]: b["brokerAddrs"] for b in route["brokerDatas"]}
-    assert groups == {"broker-a": {"1": slave}, "broker-b": {"0": cluster.addr("broker-b")}}
+    assert groups == {"broker-a": {"0": slave}, "broker-b": {"0": cluster.addr("broker-b")}}
     queues = {
         q["brokerName"]: (q["readQueueNums"], q["writeQueueNums"]) for q in route["queueDatas"]
     }
     assert queues == {"broker-a": (QUEUES, QUEUES), "broker-b": (QUEUES, QUEUES)}
 
+    # It holds the acknowledged message, and takes the next one at the next offset.
+    after = _send(slave, "broker-a", topic, 2, b"after the kill")
+    assert after == offset + 1
     reply = _pull(slave, topic, 2, offset)
     assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
     records = decode_messages(reply.body)
-    assert [(r.queue_id, r.queue_offset, r.body) for r in records] == [(2, offset, body)]
-    assert int(reply.ext_fields["nextBeginOffset"]) == offset + 1
-    # Past its end the slave says "nothing new", as a master would.
-    assert _pull(slave, topic, 2, offset + 1).code == ResponseCode.PULL_NOT_FOUND
+    assert [(r.queue_offset, r.body) for r in records] == [
+        (offset, body),
+        (after, b"after the kill"),
+    ]
+    assert _pull(slave, topic, 2, after + 1).code == ResponseCode.PULL_NOT_FOUND
 
 
-def test_a_restarted_master_registers_again_and_serves_its_messages(
+def test_a_restarted_master_comes_back_as_the_slave_and_replicates(
     cluster_restored: LocalCluster,
 ) -> None:
     cluster = cluster_restored
     topic = _topic()
     with RocketMQAdmin(cluster.client_settings()) as admin:
         admin.create_topic(topic, queues=QUEUES)
+    first = cluster.addr("broker-a")
     body = b"before the crash " + uuid.uuid4().bytes
-    offset = _send(cluster.addr("broker-a"), "broker-a", topic, 1, body)
+    offset = _send(first, "broker-a", topic, 1, body)
 
-    cluster.kill("broker-a")
+    killed = cluster.kill("broker-a")
     assert not cluster.status().node("broker-a").serving
-    cluster.start_node("broker-a")
+    cluster.start_nodes([killed])  # returns once it is registered and in sync
 
     assert cluster.status().serving
+    promoted = cluster.addr("broker-a", "slave")
     with RocketMQAdmin(cluster.client_settings()) as admin:
-        assert admin.cluster_brokers(CLUSTER)["broker-a"] == {
-            0: cluster.addr("broker-a"),
-            1: cluster.addr("broker-a", "slave"),
-        }
-        assert admin.route(topic).brokers["broker-a"][:3] == (cluster.addr("broker-a"), 4, 4)
+        brokers = admin.cluster_brokers(CLUSTER)["broker-a"]
+        assert brokers[0] == promoted and first in brokers.values()  # no failing back
+        assert admin.route(topic).brokers["broker-a"][:3] == (promoted, 4, 4)
         reader = QueueReader(admin, group="it-cluster-reader")
         try:
             got: list[Record] = list(reader.read(MessageQueue(topic, "broker-a", 1), offset))
         finally:
             reader.close()
     assert [(r.queue_offset, r.body) for r in got] == [(offset, body)]
-    # The slave, which ran all along, replicates from the restarted master.
-    after = _send(cluster.addr("broker-a"), "broker-a", topic, 1, b"after the restart")
-    slave = cluster.addr("broker-a", "slave")
-    wait_for(lambda: _max_offset(slave, topic, 1) > after, 30.0, "the slave to replicate again")
+    # The restarted node replicates from the new master.
+    after = _send(promoted, "broker-a", topic, 1, b"after the restart")
+    wait_for(lambda: _max_offset(first, topic, 1) > after, 30.0, "the old master to replicate")
 
 
 def test_a_stopped_group_leaves_the_cluster_and_comes_back(
