@@ -62,7 +62,12 @@ from stream_assets.broker import jvm
 from stream_assets.broker.jvm import BrokerStartError, Progress
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.errors import RocketMQError
-from stream_assets.rocketmq.remoting import ConnectionPool, RequestCode, ResponseCode
+from stream_assets.rocketmq.remoting import (
+    ConnectionPool,
+    RemotingCommand,
+    RequestCode,
+    ResponseCode,
+)
 from stream_assets.settings import ClusterSettings, RocketMQSettings
 
 CLUSTER = "DefaultCluster"
@@ -317,19 +322,7 @@ class LocalCluster:
     def sync_state(self, group: str) -> set[str]:
         """The addresses in ``group``'s SyncStateSet, as the controller has it (controller
         mode): the nodes the controller may promote when the master is lost."""
-        pool = ConnectionPool(2.0, None)
-        try:
-            reply = pool.get(self.controller_addr, "controller").call(
-                RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, {}, body=json.dumps([group]).encode()
-            )
-        except RocketMQError:
-            return set()
-        finally:
-            pool.close()
-        if reply.code != ResponseCode.SUCCESS:
-            return set()
-        info = json.loads(reply.body or b"{}").get("replicasInfoTable", {}).get(group, {})
-        return {str(m["brokerAddress"]) for m in info.get("inSyncReplicas", []) if m.get("alive")}
+        return set(self._sync_state_ids(group).values())
 
     def _addr(self, node: ClusterNode) -> str:
         return f"{self.settings.host}:{node.port}"
@@ -474,19 +467,59 @@ class LocalCluster:
 
     def hand_back_master(self, group: str) -> None:
         """Under a controller: make ``group``'s first node its master again after a
-        failover promoted the other (kill the promoted one, restart it as the slave)."""
+        failover promoted the other (the controller's designated election: no restart)."""
         if not self.settings.controller or len(self.group_nodes(group)) < 2:
             return
-        if self.node_in_role(group, "master") == self.node(group, "master"):
+        first = self.node(group, "master")
+        if self.node_in_role(group, "master") == first:
             return
-        promoted = self.kill(group, "master")
+        self._wait_in_sync({group}, {}, time.monotonic() + self.settings.start_timeout_s)
+        ids = {addr: broker_id for broker_id, addr in self._sync_state_ids(group).items()}
+        reply = self._controller_call(
+            RequestCode.CONTROLLER_ELECT_MASTER,
+            {
+                "clusterName": CLUSTER,
+                "brokerName": group,
+                "brokerId": str(ids[self._addr(first)]),
+                "designateElect": "true",
+                "invokeTime": str(int(time.time() * 1000)),
+            },
+        )
+        if reply.code != ResponseCode.SUCCESS:
+            raise RocketMQError(f"the controller refused to elect {first.name}: {reply.remark}")
         self._wait(
-            f"{group}'s first node to be promoted back",
-            lambda table: (table or {}).get(group, {}).get(0) == self.addr(group, "master"),
+            f"{first.name} to be {group}'s master again",
+            lambda table: (table or {}).get(group, {}).get(0) == self._addr(first),
             {},
             time.monotonic() + self.settings.start_timeout_s,
         )
-        self.start_nodes([promoted])
+        self._wait_in_sync({group}, {}, time.monotonic() + self.settings.start_timeout_s)
+
+    def _controller_call(
+        self, code: int, fields: dict[str, str], body: bytes = b""
+    ) -> RemotingCommand:
+        pool = ConnectionPool(2.0, None)
+        try:
+            return pool.get(self.controller_addr, "controller").call(code, fields, body=body)
+        finally:
+            pool.close()
+
+    def _sync_state_ids(self, group: str) -> dict[int, str]:
+        """Controller broker id -> address of ``group``'s in-sync, alive nodes."""
+        try:
+            reply = self._controller_call(
+                RequestCode.CONTROLLER_GET_SYNC_STATE_DATA, {}, json.dumps([group]).encode()
+            )
+        except RocketMQError:
+            return {}
+        if reply.code != ResponseCode.SUCCESS:
+            return {}
+        info = json.loads(reply.body or b"{}").get("replicasInfoTable", {}).get(group, {})
+        return {
+            int(m["brokerId"]): str(m["brokerAddress"])
+            for m in info.get("inSyncReplicas", [])
+            if m.get("alive")
+        }
 
     def _wait_in_sync(
         self, groups: set[str], spawned: Mapping[str, subprocess.Popen[bytes]], deadline: float

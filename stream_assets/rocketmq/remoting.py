@@ -42,7 +42,9 @@ class RequestCode(IntEnum):
     """Request codes used here (org.apache.rocketmq.remoting.protocol.RequestCode)."""
 
     PULL_MESSAGE = 11
-    #: A controller's SyncStateSet of broker groups (controller mode).
+    #: Controller mode: elect a group's master (designated: the node named), and a
+    #: group's SyncStateSet.
+    CONTROLLER_ELECT_MASTER = 1002
     CONTROLLER_GET_SYNC_STATE_DATA = 1006
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15

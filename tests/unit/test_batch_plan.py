@@ -125,3 +125,36 @@ def test_a_request_cap_over_the_limit_is_held_to_the_limit() -> None:
     p = producer(1_024, max_request_bytes=10_000)
     requests = requests_of(p, [OutgoingMessage("t", b"m" * 300, queue_id=0)] * 10)
     assert all(r.size <= 1_024 for r in requests) and len(requests) == 5
+
+
+class MovingAdmin:
+    """broker-a's master moves (a slave promoted under a controller); broker-b stays."""
+
+    def __init__(self) -> None:
+        self.master = "127.0.0.1:1"
+
+    def route(self, topic: str) -> TopicRoute:
+        group = "broker-b" if topic == "elsewhere" else "broker-a"
+        addr = "127.0.0.1:9" if group == "broker-b" else self.master
+        return TopicRoute(topic, {group: BrokerRoute(addr, 2, 2)})
+
+    def close(self) -> None:
+        pass
+
+
+def test_requests_to_a_dead_master_go_to_the_promoted_one_for_the_same_queue() -> None:
+    admin = MovingAdmin()
+    p = BatchProducer(RocketMQSettings(), admin)  # type: ignore[arg-type]
+    (request,) = p._plan([OutgoingMessage("t", b"x", queue_id=1)])[("t", 1)]
+    p._plan([OutgoingMessage("u", b"x"), OutgoingMessage("elsewhere", b"x")])
+    assert request.slot.addr == "127.0.0.1:1"
+    admin.master = "127.0.0.1:2"
+    p._forget_routes({"127.0.0.1:1"})
+    # Every route through the dead address is forgotten, the others kept.
+    assert sorted(p._routes) == ["elsewhere"]
+    p._repoint([request])
+    assert (request.slot.broker_name, request.slot.addr, request.slot.queue_id) == (
+        "broker-a",
+        "127.0.0.1:2",
+        1,
+    )
