@@ -55,50 +55,27 @@ class TopicNotFoundError(RocketMQError):
     created (this project's brokers do not auto-create topics), or no broker
     group serving it is registered with the name server right now -- a broker
     that is down or restarting drops out of the routes until it registers
-    again. The default message says both. A caller that knows the topic
-    existed (an instance riding out an outage) says so with ``existed=True``,
-    and the message then names the unregistered broker instead of asking to
-    create the topic.
+    again. The message says both. (A running instance, whose topics existed
+    when it started, waits for such a route and says it waits for a broker:
+    :mod:`stream_assets.runtime.drive.outage`.)
 
     Example::
 
-        >>> e = TopicNotFoundError("orders", "127.0.0.1:9876", existed=True, waited_s=30)
-        >>> "create" in str(e), "unreachable, not registered" in str(e), e.existed
-        (False, True, True)
+        >>> e = TopicNotFoundError("orders", "127.0.0.1:9876")
+        >>> "create it" in str(e), "registered with the name server" in str(e)
+        (True, True)
     """
 
-    def __init__(
-        self,
-        topic: str,
-        namesrv: str,
-        *,
-        existed: bool = False,
-        waited_s: float | None = None,
-    ) -> None:
+    def __init__(self, topic: str, namesrv: str) -> None:
         self.topic = topic
         self.namesrv = namesrv
-        self.existed = existed
-        waited = f" (still, after {waited_s:.0f}s of retries)" if waited_s is not None else ""
-        if existed:
-            text = (
-                f"the name server {namesrv} has no route for topic {topic!r}{waited}: the "
-                "broker group(s) serving it are unreachable, not registered with the name "
-                "server (down or restarting?). The topic existed; check the brokers "
-                "(`stream-assets broker status`), or whether the topic was deleted meanwhile"
-            )
-        else:
-            text = (
-                f"the name server {namesrv} has no route for topic {topic!r}{waited}: either "
-                "it does not exist (the broker does not auto-create topics; create it with "
-                "`stream-assets topic create` or RocketMQAdmin.create_topic), or no broker "
-                "group serving it is registered with the name server now (down or "
-                "restarting? `stream-assets broker status`)"
-            )
-        super().__init__(text)
-
-    def route_lost(self, waited_s: float | None = None) -> TopicNotFoundError:
-        """The same missing route, for a topic known to have existed: its broker is unreachable."""
-        return TopicNotFoundError(self.topic, self.namesrv, existed=True, waited_s=waited_s)
+        super().__init__(
+            f"the name server {namesrv} has no route for topic {topic!r}: either "
+            "it does not exist (the broker does not auto-create topics; create it with "
+            "`stream-assets topic create` or RocketMQAdmin.create_topic), or no broker "
+            "group serving it is registered with the name server now (down or "
+            "restarting? `stream-assets broker status`)"
+        )
 
 
 class MessageTooLargeError(RocketMQError):

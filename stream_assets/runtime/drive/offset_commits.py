@@ -43,7 +43,6 @@ Example::
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -87,10 +86,10 @@ class OffsetCommits:
         #: The newest offset of each queue the broker acknowledged: the only evidence
         #: a lower answer later is a loss.
         self._acknowledged: dict[MessageQueue, int] = {}
-        #: Offsets a group without a master could not store yet, and since when
-        #: (monotonic) the group's offsets wait.
+        #: Offsets a group without a master could not store yet; the groups whose
+        #: wait was reported (once per outage).
         self._waiting: dict[MessageQueue, int] = {}
-        self._waiting_since: dict[str, float] = {}
+        self._reported: set[str] = set()
 
     def commit(self, ends: Mapping[MessageQueue, int]) -> None:
         """Commit ``ends`` and every offset still waiting, a round trip per broker group;
@@ -105,13 +104,13 @@ class OffsetCommits:
                     # Repeating a commit (a retried batch, outage riding) is safe.
                     self._admin().commit_consumer_offsets(self.group, offsets)
                 except (BrokerUnreachableError, TopicNotFoundError) as exc:
-                    if broker not in self._waiting_since:
-                        self._waiting_since[broker] = time.monotonic()
+                    if broker not in self._reported:
+                        self._reported.add(broker)
                         self._progress(f"offsets on broker group {broker} wait: {exc}")
                     self._waiting.update(offsets)
                     continue
                 self._acknowledged.update(offsets)
-                self._waiting_since.pop(broker, None)
+                self._reported.discard(broker)
                 for queue in offsets:
                     self._waiting.pop(queue, None)
 
@@ -126,11 +125,6 @@ class OffsetCommits:
     def waiting(self) -> int:
         """How many queues' offsets wait for their group's master."""
         return len(self._waiting)
-
-    def waiting_groups(self) -> dict[str, float]:
-        """Broker group -> since when (monotonic s) its offsets wait for a master."""
-        with self._lock:
-            return dict(self._waiting_since)
 
     def forget(self) -> None:
         """The queues are no longer this instance's to vouch for (at a stop): a later

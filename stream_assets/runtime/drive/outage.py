@@ -131,9 +131,8 @@ def ride_out_outage(
     The steps ridden out are a running instance's, on topics that existed when
     it started; a topic without a route there means its broker group is down
     or restarting (not registered with the name server), not that the topic
-    was never created. The log says so, and the error at the end names the
-    unreachable broker instead of asking to create the topic
-    (:meth:`TopicNotFoundError.route_lost`).
+    was never created. The log and the error say so, instead of asking to
+    create the topic.
     """
     budget = math.inf if policy.budget_s is None else policy.budget_s
     reported_at = -math.inf
