@@ -14,6 +14,7 @@ answers, one round trip per group.
 Example::
 
     >>> from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.rocketmq.errors import RocketMQError
     >>> from stream_assets.rocketmq.errors import BrokerUnreachableError
     >>> down = {"broker-b"}
     >>> def probe(q: MessageQueue) -> None:
@@ -38,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.runtime.drive.outage import TRANSIENT
 
 
@@ -78,6 +80,8 @@ class BrokerWatch:
                 if group not in self._since:
                     self._since[group] = went_down[group] = now
                 continue
+            except RocketMQError:
+                pass  # a refusal (ACL, an error code) is an answer: the master is there
             if group in self._since:
                 came_back[group] = now - self._since.pop(group)
         return Outages(dict(self._since), went_down, came_back)

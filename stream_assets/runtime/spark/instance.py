@@ -699,7 +699,13 @@ class Instance:
         """The broker groups this instance uses that have no master answering, since
         when, and what changed since the last look (:mod:`.broker_watch`)."""
         one_queue: dict[str, MessageQueue] = {}
-        for layout in self._layouts.values():
+        # The stages' inputs (source and shuffle topics): what this instance's group reads
+        # and commits, so asking its offset there needs no grant it lacks; state and sink
+        # queues are spread over the same groups.
+        inputs = {stage.input_topic for stage in self.topology.stages}
+        for topic, layout in self._layouts.items():
+            if topic not in inputs:
+                continue
             for index in range(len(layout)):
                 queue = layout.queue(index)
                 one_queue.setdefault(queue.broker_name, queue)
