@@ -14,7 +14,6 @@ answers, one round trip per group.
 Example::
 
     >>> from stream_assets.rocketmq.admin import MessageQueue
-from stream_assets.rocketmq.errors import RocketMQError
     >>> from stream_assets.rocketmq.errors import BrokerUnreachableError
     >>> down = {"broker-b"}
     >>> def probe(q: MessageQueue) -> None:
