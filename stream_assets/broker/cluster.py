@@ -16,7 +16,16 @@ ACL 2.0's ``authenticationEnabled``) come from
 :class:`~stream_assets.settings.ClusterSettings`. Every broker gets the tuning
 of the single local broker.
 
-Replication is RocketMQ's own master/slave (no controller, no DLedger): the
+With ``ClusterSettings.controller`` the name server also runs RocketMQ 5's
+controller, and every broker runs under it (controller mode): the controller
+gives the roles and ids (the node started first in a new cluster becomes
+master), and promotes a lost master's in-sync slave within a second, under
+the same group name; ``kill``/``node_in_role`` follow the roles as they are
+now, and ``hand_back_master`` restores the first ones. Writes are acknowledged
+once every in-sync replica has them (``allAckInSyncStateSet``), and a start
+returns once each group's nodes are in its SyncStateSet.
+
+Without it, replication is RocketMQ's plain master/slave: the
 slave copies the master's commit log over HA as it is written, and its topic
 config, consumer offsets and subscription groups by pulling them from the
 master every 60 s (a fixed interval in 5.3.3; the first pull comes about 60 s
