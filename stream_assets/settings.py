@@ -246,6 +246,13 @@ class EngineSettings(BaseSettings):
         "offsets when nothing arrived (it polls again at once while records arrive, and "
         "backs off from 1 ms to this when they stop).",
     )
+    held_send_bytes: int = Field(
+        default=64 << 20,
+        gt=0,
+        description="Real-time mode: while a broker group has no master, a task sends what "
+        "the other groups can store and holds the messages for that group in memory, up to "
+        "this many bytes of bodies; past it the task waits for the group (docs/engine.md).",
+    )
     trigger_interval_ms: int = Field(default=500, gt=0)
     max_records_per_batch: int = Field(default=100_000, gt=0)
     tick_ms: int = Field(

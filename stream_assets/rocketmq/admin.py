@@ -405,8 +405,8 @@ class RocketMQAdmin:
                 f"broker group {queue.broker_name}",
                 self.settings.namesrv_addr,
                 f"the name server's route of topic {queue.topic!r} has no queues on it "
-                f"(it serves {', '.join(sorted(route.brokers)) or 'no group'}); is that "
-                "group's master or slave running?",
+                f"(it serves {', '.join(sorted(route.brokers)) or 'no group'}): neither its "
+                "master nor its slave is registered",
             )
         self._addr_cache[cache_key] = (group, time.monotonic())
         return group

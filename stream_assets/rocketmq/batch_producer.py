@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tenacity import (
@@ -177,6 +177,11 @@ def check_message(message: OutgoingMessage, max_message_size: int) -> OutgoingMe
 
 class _TransientSendError(Exception):
     """A request that failed in a way worth another try."""
+
+    def __init__(self, message: str, unreachable_only: bool = False) -> None:
+        super().__init__(message)
+        #: Every failure was a broker that did not answer (no refusal among them).
+        self.unreachable_only = unreachable_only
 
 
 @dataclass(frozen=True)
@@ -364,6 +369,12 @@ class BatchProducer:
             ]
             if same:
                 request.slot = same[0]
+            elif request.topic not in self._layouts:
+                # Not pinned (a sink): the group has no master now and is left out of
+                # the route, so the request goes to a queue of a group that has one,
+                # as RocketMQ's own producers do. (A pinned queue keeps its meaning.)
+                request.index %= len(slots)
+                request.slot = slots[request.index]
 
     # -- sending -----------------------------------------------------------
 
@@ -377,25 +388,63 @@ class BatchProducer:
         fails after ``settings.send_retries`` retries, raises
         :class:`SendError`; requests answered before it are stored.
         """
+        receipts, _ = self._send(messages, skip=(), hold=False)
+        return [r for r in receipts if r is not None]
+
+    def send_reachable(
+        self, messages: Sequence[OutgoingMessage], skip: Collection[str] = ()
+    ) -> tuple[list[SendReceipt | None], dict[int, str]]:
+        """Send what the broker groups that answer can store; hold back the rest.
+
+        Messages for a broker group named in ``skip``, or whose group still does
+        not answer after the retries of :meth:`send_all`, are not sent, and
+        neither is any later message of the same queue, so a queue's order
+        holds when they are sent later. Returns a receipt per message (None
+        where unsent) and, per unsent message's position, its broker group.
+        A refusal still raises, as in :meth:`send_all`.
+
+        Example::
+
+            >>> receipts, unsent = producer.send_reachable(messages)  # doctest: +SKIP
+            >>> sorted(set(unsent.values()))  # doctest: +SKIP
+            ['broker-b']
+        """
+        return self._send(messages, skip=skip, hold=True)
+
+    def _send(
+        self, messages: Sequence[OutgoingMessage], skip: Collection[str], hold: bool
+    ) -> tuple[list[SendReceipt | None], dict[int, str]]:
         if not messages:
-            return []
+            return [], {}
         pool = self._pool
         if pool is None:
             raise RocketMQError("producer is not started; call start() or use it as a context")
         queues = self._plan(messages)
         receipts: list[SendReceipt | None] = [None] * len(messages)
+        unsent: dict[int, str] = {}
+
+        def hold_back(q: deque[_Request]) -> None:
+            for request in q:
+                unsent.update(dict.fromkeys(request.positions, request.slot.broker_name))
+            q.clear()
+
+        for q in queues.values():
+            if q and q[0].slot.broker_name in skip:
+                hold_back(q)
         # Waves: each queue's first unsent request, all at once. A queue's next
         # request waits for its previous one's answer, so retries cannot reorder it.
         active = [q for q in queues.values() if q]
         while active:
             heads = [q[0] for q in active]
-            replies = self._send_wave(pool, heads)
-            for request, reply in zip(heads, replies, strict=True):
+            replies = self._send_wave(pool, heads, hold)
+            for q, request, reply in zip(active, heads, replies, strict=True):
+                if reply is None:
+                    hold_back(q)
+                    continue
                 self._record(request, reply, receipts)
-            for q in active:
                 q.popleft()
             active = [q for q in active if q]
-        return [r for r in receipts if r is not None]
+        return receipts, unsent
 
     def _plan(self, messages: Sequence[OutgoingMessage]) -> dict[tuple[str, int], deque[_Request]]:
         """Choose queues, encode, and cut each queue's messages into requests.
@@ -451,8 +500,14 @@ class BatchProducer:
         route_key = m.route_key if m.route_key is not None else m.key
         return choose_queue(m.topic, queue_count, m.queue_id, route_key, self._turn)
 
-    def _send_wave(self, pool: ConnectionPool, heads: list[_Request]) -> list[RemotingCommand]:
-        """Send ``heads`` (one request per queue) until each is stored; replies in order."""
+    def _send_wave(
+        self, pool: ConnectionPool, heads: list[_Request], hold: bool = False
+    ) -> list[RemotingCommand | None]:
+        """Send ``heads`` (one request per queue) until each is stored; replies in order.
+
+        ``hold``: a request whose broker still does not answer after the retries
+        gets None instead of failing the wave (when that is all that failed).
+        """
         done: dict[int, RemotingCommand] = {}
         attempts = self.settings.send_retries + 1
         try:
@@ -466,8 +521,9 @@ class BatchProducer:
                     self._attempt(pool, heads, done)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
-            raise SendError(f"batch send failed after {attempts} attempts: {cause}") from cause
-        return [done[i] for i in range(len(heads))]
+            if not (hold and isinstance(cause, _TransientSendError) and cause.unreachable_only):
+                raise SendError(f"batch send failed after {attempts} attempts: {cause}") from cause
+        return [done.get(i) for i in range(len(heads))]
 
     def _attempt(
         self, pool: ConnectionPool, heads: list[_Request], done: dict[int, RemotingCommand]
@@ -507,7 +563,9 @@ class BatchProducer:
             self._forget_routes(unreachable)
             self._repoint(moved)
         if failures:
-            raise _TransientSendError("; ".join(failures))
+            raise _TransientSendError(
+                "; ".join(failures), unreachable_only=len(failures) == len(unreachable)
+            )
 
     def _call_brokers(
         self, pool: ConnectionPool, heads: list[_Request], by_addr: dict[str, list[int]]

@@ -17,9 +17,10 @@ from stream_assets.rocketmq.batch_producer import (
     OutgoingMessage,
     _Request,
 )
-from stream_assets.rocketmq.errors import MessageTooLargeError
+from stream_assets.rocketmq.errors import BrokerUnreachableError, MessageTooLargeError, SendError
+from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.message_codec import decode_properties
-from stream_assets.rocketmq.remoting import RequestCode
+from stream_assets.rocketmq.remoting import RemotingCommand, RequestCode
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE, RocketMQSettings
 
 MIB4 = 4 * 1024 * 1024
@@ -158,3 +159,107 @@ def test_requests_to_a_dead_master_go_to_the_promoted_one_for_the_same_queue() -
         "127.0.0.1:2",
         1,
     )
+
+
+class TwoGroups:
+    """broker-a and broker-b, two queues each; broker-b's master may be gone."""
+
+    def __init__(self) -> None:
+        self.b_master = "127.0.0.1:2"
+
+    def route(self, topic: str) -> TopicRoute:
+        brokers = {"broker-a": BrokerRoute("127.0.0.1:1", 2, 2)}
+        brokers["broker-b"] = BrokerRoute(self.b_master, 2, 2)
+        return TopicRoute(topic, brokers)
+
+    def close(self) -> None:
+        pass
+
+
+class FakeBrokers:
+    """A connection pool whose brokers store every request, except those at ``dead``."""
+
+    def __init__(self) -> None:
+        self.dead: set[str] = set()
+        self.stored: list[tuple[str, str, int, int]] = []  # (addr, topic, queue, count)
+
+    def get(self, addr: str, role: str) -> FakeBrokers._Conn:
+        return FakeBrokers._Conn(self, addr, role)
+
+    class _Conn:
+        def __init__(self, brokers: FakeBrokers, addr: str, role: str) -> None:
+            self.brokers, self.addr, self.role = brokers, addr, role
+
+        def call_many(
+            self, requests: list[tuple[int, dict[str, str], bytes]], timeout_s: float
+        ) -> list[RemotingCommand]:
+            if self.addr in self.brokers.dead:
+                raise BrokerUnreachableError(self.role, self.addr, "connection refused")
+            replies = []
+            for _code, fields, body in requests:
+                count = _entries(body)
+                self.brokers.stored.append((self.addr, fields["b"], int(fields["e"]), count))
+                replies.append(
+                    RemotingCommand(0, 0, ext_fields={"queueOffset": "0", "queueId": fields["e"]})
+                )
+            return replies
+
+
+def _entries(body: bytes) -> int:
+    """How many batch entries ``body`` holds (each starts with its total size)."""
+    count = at = 0
+    while at < len(body):
+        at += int.from_bytes(body[at : at + 4], "big")
+        count += 1
+    return count
+
+
+def reachable_producer(admin: TwoGroups, brokers: FakeBrokers) -> BatchProducer:
+    p = BatchProducer(RocketMQSettings(send_retries=1), admin)  # type: ignore[arg-type]
+    p._pool = brokers  # type: ignore[assignment]
+    return p
+
+
+def test_send_reachable_holds_a_dead_groups_queues_in_order_and_stores_the_rest() -> None:
+    admin, brokers = TwoGroups(), FakeBrokers()
+    p = reachable_producer(admin, brokers)
+    p.pin(
+        [
+            TopicLayout(
+                "shuffle", (("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1))
+            )
+        ]
+    )
+    brokers.dead.add("127.0.0.1:2")
+    # Queue 2 (broker-b) gets more than one request: the first fails, so none goes.
+    p.max_request_messages = 2
+    messages = [OutgoingMessage("shuffle", f"m{i}".encode(), queue_id=i % 4) for i in range(12)]
+    receipts, unsent = p.send_reachable(messages)
+    assert sorted(unsent) == [i for i in range(12) if i % 4 >= 2]
+    assert set(unsent.values()) == {"broker-b"}
+    assert [r is None for r in receipts] == [i % 4 >= 2 for i in range(12)]
+    assert {(a, q) for a, _, q, _ in brokers.stored} == {("127.0.0.1:1", 0), ("127.0.0.1:1", 1)}
+    assert sum(n for *_, n in brokers.stored) == 6
+    # A group named in skip is not even tried: nothing reaches it though it is alive.
+    brokers.dead.clear()
+    brokers.stored.clear()
+    _, unsent = p.send_reachable(messages, skip={"broker-b"})
+    assert sorted(unsent) == [i for i in range(12) if i % 4 >= 2]
+    assert {a for a, *_ in brokers.stored} == {"127.0.0.1:1"}
+    # send_all still fails rather than hold.
+    brokers.dead.add("127.0.0.1:2")
+    with pytest.raises(SendError, match="broker-b"):
+        p.send_all(messages)
+
+
+def test_a_sink_message_for_a_group_without_a_master_goes_to_a_group_that_has_one() -> None:
+    admin, brokers = TwoGroups(), FakeBrokers()
+    p = reachable_producer(admin, brokers)
+    p._route("sink")  # cached while broker-b still has its master
+    brokers.dead.add("127.0.0.1:2")
+    admin.b_master = ""  # gone from the route: no master now
+    messages = [OutgoingMessage("sink", f"r{i}".encode(), key=f"k{i}") for i in range(40)]
+    receipts, unsent = p.send_reachable(messages)
+    assert unsent == {} and all(r is not None for r in receipts)
+    assert {a for a, *_ in brokers.stored} == {"127.0.0.1:1"}
+    assert sum(n for *_, n in brokers.stored) == 40

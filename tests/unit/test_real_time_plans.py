@@ -25,6 +25,7 @@ def _query(options: dict[int, StageOptions]) -> RealTimeQuery:
         interval_s=30.0,
         step_max_records=100,
         idle_poll_s=0.02,
+        held_send_bytes=1 << 20,
         outage=FAIL_AT_ONCE,
         tasks=0,
         on_rows=lambda rows: None,

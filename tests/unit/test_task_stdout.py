@@ -143,7 +143,7 @@ def _rows(*queues: int) -> Iterator[pa.RecordBatch]:
 def test_the_spark_task_hands_each_queues_print_to_the_driver_in_order(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def run_queue(ctx: Any, queue_id: int, start: int, end: int) -> TaskStats:
+    def run_queue(ctx: Any, queue_id: int, start: int, end: int, _via: Any) -> TaskStats:
         for offset in range(start, end):
             print(f"q{queue_id} offset {offset}")  # a Print operator or a user's print()
         return TaskStats(queue_id=queue_id, end_offset=end)
@@ -164,7 +164,7 @@ def test_only_the_attempt_that_succeeded_reaches_the_driver(
 ) -> None:
     attempts = []
 
-    def run_queue(ctx: Any, queue_id: int, start: int, end: int) -> TaskStats:
+    def run_queue(ctx: Any, queue_id: int, start: int, end: int, _via: Any) -> TaskStats:
         attempts.append(queue_id)
         print(f"attempt {len(attempts)}")
         if len(attempts) == 1:
@@ -182,7 +182,7 @@ def test_only_the_attempt_that_succeeded_reaches_the_driver(
 def test_without_a_spark_context_the_task_leaves_prints_alone(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def run_queue(ctx: Any, queue_id: int, start: int, end: int) -> TaskStats:
+    def run_queue(ctx: Any, queue_id: int, start: int, end: int, _via: Any) -> TaskStats:
         print("plain")
         return TaskStats(queue_id=queue_id, end_offset=end)
 

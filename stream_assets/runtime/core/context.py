@@ -105,6 +105,9 @@ class TaskStats:
     stage: int = 0
     queue_id: int = 0
     end_offset: int = 0
+    #: Where the commit must stay (a step's messages for a broker group without a
+    #: master are still held: runtime/drive/held_sends.py); -1: at ``end_offset``.
+    held_from: int = -1
     records_in: int = 0
     #: Of records_in: records a batch operator chain counted a whole batch at a time.
     batched_in: int = 0

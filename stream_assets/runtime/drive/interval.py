@@ -39,8 +39,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
+from stream_assets.runtime.core.context import TaskStats
 from stream_assets.runtime.drive.channel import ChannelClient
 from stream_assets.runtime.drive.clients import admin_for
+from stream_assets.runtime.drive.held_sends import HeldSends
 from stream_assets.runtime.drive.planning import StageOptions, StagePlanner, combine_bounds
 from stream_assets.runtime.drive.queues import TaskContext, run_range
 
@@ -64,6 +68,8 @@ class IntervalPlan:
     interval_s: float
     step_max_records: int
     idle_poll_s: float
+    #: Bytes of messages this task may hold for a group without a master (held_sends.py).
+    held_send_bytes: int
     #: The instance's channel: address and token (:mod:`~stream_assets.runtime.drive.channel`).
     channel: tuple[str, str]
 
@@ -86,6 +92,9 @@ def run_interval(plan: IntervalPlan) -> dict[int, dict[str, Any]]:
             if client.wait(min(wait, max(0.0, deadline - time.monotonic()))):
                 break
             wait = min(wait * 2, plan.idle_poll_s)
+        rows = task.finish()
+        if rows:
+            client.send_rows(rows)
         return task.positions
     finally:
         client.close()
@@ -105,35 +114,81 @@ class _Task:
         }
         self.contexts = dict(plan.contexts)
         self.positions = {i: dict(p) for i, p in plan.positions.items()}
+        # Pinned by every stage's layouts (one producer per process), as a step's own.
+        producers = [ctx.producer for ctx in self.contexts.values()]
+        for pin in producers:
+            pin()
+        self.held = HeldSends(
+            producers[0], plan.held_send_bytes, retry_every_s=outage.backoff_max_s
+        )
 
     def resume(self) -> None:
         """Start from what the group committed where that is later than the plan (a retry),
-        with stage 0's combine bounds as the planned ends now say."""
+        with stage 0's combine bounds as the planned ends now say. A broker group that is
+        down keeps its queues where the plan has them, and its source queues go per
+        record (their bounds unknown)."""
         for index, planner in self.planners.items():
-            committed = planner.initial()["q"]
+            committed = planner.committed_where_reachable()
             at = self.positions[index]
             at["q"] = {k: max(int(v), int(committed.get(k, v))) for k, v in at["q"].items()}
             ctx = self.contexts[index]
             stage = ctx.stage.stage
             if stage.source is not None and planner.opts.planned_group:
-                layout = planner.opts.layouts[stage.input_topic]
-                admin = admin_for(ctx.rocketmq)
-                bounds = combine_bounds(
-                    admin, stage.input_topic, layout, self.plan.group, self.plan.planned_group
-                )
                 self.contexts[index] = dataclasses.replace(
-                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=bounds)
+                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=self._bounds(index))
                 )
+
+    def _bounds(self, index: int) -> tuple[tuple[int, int], ...]:
+        ctx, planner = self.contexts[index], self.planners[index]
+        topic = ctx.stage.stage.input_topic
+        layout = planner.opts.layouts[topic]
+        admin = admin_for(ctx.rocketmq)
+        mine: dict[str, list[MessageQueue]] = {}
+        for q in planner.opts.queues if planner.opts.queues is not None else range(len(layout)):
+            queue = layout.queue(q)
+            mine.setdefault(queue.broker_name, []).append(queue)
+        bounds: list[tuple[int, int]] = []
+        for on_broker in mine.values():
+            try:
+                bounds += combine_bounds(
+                    admin, topic, layout, self.plan.group, self.plan.planned_group, on_broker
+                )
+            except (BrokerUnreachableError, RemotingError):
+                continue
+        return tuple(bounds)
 
     def step(self, client: ChannelClient) -> tuple[list[dict[str, Any]], bool]:
         """One step of every stage: the stats rows, and whether any record was read."""
-        rows: list[dict[str, Any]] = []
+        rows = [self._cleared(queue) for queue in self.held.retry()]
         moved = False
         for index, planner in self.planners.items():
             start = self.positions[index]
             end = planner.latest(start, self.plan.step_max_records)
+            source = self.contexts[index].stage.stage.source is not None
             for r in planner.ranges(start, end):
-                rows.append(run_range(self.contexts[index], r, client).as_row())
+                key = (index, r.queue_id)
+                transport = self.held.transport(key, r.start) if source else None
+                stats = run_range(self.contexts[index], r, client, transport)
+                held = self.held.held_from(key) if source else None
+                stats.held_from = -1 if held is None else held
+                rows.append(stats.as_row())
                 moved = moved or r.end > r.start
             self.positions[index] = end
         return rows, moved
+
+    def finish(self) -> list[dict[str, Any]]:
+        """At the interval's end: send what is held if its group is back (the rows that
+        commit it); a queue that still holds messages starts the next interval where
+        they began, derived again from its source."""
+        rows = [self._cleared(queue) for queue in self.held.retry(force=True)]
+        for index, queue_id in self.held.queues():
+            held = self.held.held_from((index, queue_id))
+            assert held is not None
+            self.positions[index]["q"][self.planners[index].key_of(queue_id)] = held
+        return rows
+
+    def _cleared(self, queue: tuple[int, int]) -> dict[str, Any]:
+        """The row that commits ``queue`` to where the task has read it: nothing held now."""
+        index, queue_id = queue
+        at = int(self.positions[index]["q"][self.planners[index].key_of(queue_id)])
+        return TaskStats(stage=index, queue_id=queue_id, end_offset=at).as_row()

@@ -173,6 +173,26 @@ class StagePlanner:
 
         return {"q": self._ride(start_offsets, "start offsets"), "tick": 0, "idle": []}
 
+    def key_of(self, queue_index: int) -> str:
+        """The position key of this stage's queue of index ``queue_index``."""
+        return self._key(self._layout.queue(queue_index))
+
+    def committed_where_reachable(self) -> dict[str, int]:
+        """The committed offsets of the queues whose broker group answers now.
+
+        A real-time task resuming while a group is down keeps that group's
+        queues where its plan has them (they are not read until it is back)
+        rather than wait for it, as :meth:`initial` would.
+        """
+        found: dict[str, int] = {}
+        for on_broker in _by_group(self._queues).values():
+            try:
+                committed = self._admin().group_offsets(self._group, self.opts.topic, on_broker)
+            except (BrokerUnreachableError, RemotingError):
+                continue
+            found.update({self._key(q): o for q, o in committed.items() if o is not None})
+        return found
+
     def latest(self, start: dict[str, Any], budget: int | None) -> dict[str, Any]:
         """The next batch's end: what is available, at most ``budget`` records."""
         # Idle source queues first: their committed ends were durable (shuffle
@@ -229,11 +249,8 @@ class StagePlanner:
         outage the other groups' queues do not wait for; with only its master
         down, reads go to its slave.
         """
-        by_group: dict[str, list[MessageQueue]] = {}
-        for q in queues:
-            by_group.setdefault(q.broker_name, []).append(q)
         found: dict[MessageQueue, QueueOffsets] = {}
-        for broker, on_broker in by_group.items():
+        for broker, on_broker in _by_group(queues).items():
             try:
                 found.update(self._admin().topic_offsets(topic, on_broker))
             except (BrokerUnreachableError, RemotingError) as exc:
@@ -293,6 +310,13 @@ class StagePlanner:
         return ranges
 
 
+def _by_group(queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    by_group: dict[str, list[MessageQueue]] = {}
+    for q in queues:
+        by_group.setdefault(q.broker_name, []).append(q)
+    return by_group
+
+
 def _cap(
     begin: dict[str, int], available: dict[str, int], budget: int | None
 ) -> tuple[dict[str, int], bool]:
@@ -322,10 +346,16 @@ def _cap(
 
 
 def combine_bounds(
-    admin: RocketMQAdmin, topic: str, layout: TopicLayout, group: str, planned_group: str
+    admin: RocketMQAdmin,
+    topic: str,
+    layout: TopicLayout,
+    group: str,
+    planned_group: str,
+    queues: list[MessageQueue] | None = None,
 ) -> tuple[tuple[int, int], ...]:
-    """Per source queue index, the offset from which stage 0 may pre-combine
-    (``StageContext.combine_from``).
+    """Per source queue index (of ``queues``, default all), the offset from which
+    stage 0 may pre-combine (``StageContext.combine_from``); a queue left out
+    goes per record.
 
     A run that crashed may have sent shuffle messages, cut at its own batch
     boundaries, up to the end of the batch it had planned; a combined
@@ -335,9 +365,10 @@ def combine_bounds(
     committed without planned ends (an older version) is bounded only by
     the queue's end now.
     """
-    ends = admin.topic_offsets(topic, layout.queues)
-    planned = admin.group_offsets(planned_group, topic, layout.queues)
-    committed = admin.group_offsets(group, topic, layout.queues)
+    wanted = layout.queues if queues is None else queues
+    ends = admin.topic_offsets(topic, wanted)
+    planned = admin.group_offsets(planned_group, topic, wanted)
+    committed = admin.group_offsets(group, topic, wanted)
     out = []
     for queue, offsets in ends.items():
         bound = planned.get(queue)

@@ -41,7 +41,7 @@ from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.tags import TagFilter
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
-from stream_assets.runtime.core.send_buffer import SendBuffer
+from stream_assets.runtime.core.send_buffer import SendBuffer, Transport
 from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.runtime.drive.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.drive.outage import FAIL_AT_ONCE, OutagePolicy, ride_out_outage
@@ -103,13 +103,16 @@ def executor_state_root() -> Path:
     return root / "stream-assets-state"
 
 
-def run_stateless_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
-    """Process offsets ``start`` .. ``end`` of source queue ``queue_id``."""
+def run_stateless_queue(
+    ctx: TaskContext, queue_id: int, start: int, end: int, transport: Transport | None = None
+) -> TaskStats:
+    """Process offsets ``start`` .. ``end`` of source queue ``queue_id``, sending
+    through ``transport`` (default: the producer, every send waited for)."""
     settings = ctx.rocketmq
     source = ctx.stage.stage.source
     tags = TagFilter.parse(None if source is None else source.tags)
     records = reader_for(settings, ctx.group).read(ctx.input_queue(queue_id), start, end, tags)
-    sender = SendBuffer(ctx.producer())
+    sender = SendBuffer(transport or ctx.producer())
     stats = run_source_batch(ctx.stage, queue_id, start, end, records, sender)
     stats.settings_digest = settings.digest()
     return stats
@@ -142,9 +145,12 @@ def run_stateful_queue(
     return stats
 
 
-def run_range(ctx: TaskContext, r: QueueRange, lines: Lines | None) -> TaskStats:
+def run_range(
+    ctx: TaskContext, r: QueueRange, lines: Lines | None, transport: Transport | None = None
+) -> TaskStats:
     """Offsets ``r.start`` .. ``r.end`` of ``r``'s queue, riding out a broker outage,
-    with what it prints added to ``lines``.
+    with what it prints added to ``lines``; a source stage's sends go through
+    ``transport`` where given (a real-time task's held sends).
 
     A queue's step commits all or nothing: repeating it is a replay. Captured
     per attempt: only the attempt that succeeded reaches ``lines``.
@@ -152,7 +158,7 @@ def run_range(ctx: TaskContext, r: QueueRange, lines: Lines | None) -> TaskStats
     if ctx.stage.stage.stateful:
         step = partial(run_stateful_queue, ctx, r.queue_id, r.start, r.end, r.idle)
     else:
-        step = partial(run_stateless_queue, ctx, r.queue_id, r.start, r.end)
+        step = partial(run_stateless_queue, ctx, r.queue_id, r.start, r.end, transport)
     stats: TaskStats = ride_out_outage(
         partial(run_printing, step, lines),
         policy=ctx.outage,

@@ -542,6 +542,7 @@ class Instance:
             interval_s=self.engine.interval_ms / 1000,
             step_max_records=self.engine.step_max_records,
             idle_poll_s=self.engine.idle_poll_ms / 1000,
+            held_send_bytes=self.engine.held_send_bytes,
             outage=self.outage_policy,
             tasks=self.engine.real_time_tasks,
             on_rows=self._steps_done,
@@ -615,7 +616,8 @@ class Instance:
         )
 
     def _commit(self, rows: list[dict[str, Any]]) -> None:
-        """Store each queue's batch end as the group's offset: the work is durable now.
+        """Store each queue's batch end as the group's offset: the work is durable now
+        (a real-time step's held messages keep it where they began, ``held_from``).
 
         Spark's own source commit would come only when the next batch is
         planned, i.e. never for the last batch before a quiet period. A broker
@@ -629,7 +631,7 @@ class Instance:
             {
                 self._layouts[stages[int(row["stage"])].input_topic].queue(
                     int(row["queue_id"])
-                ): int(row["end_offset"])
+                ): _commit_offset(row)
                 for row in rows
             }
         )
@@ -659,6 +661,7 @@ class Instance:
                         "stage",
                         "queue_id",
                         "end_offset",
+                        "held_from",
                         "watermark",
                         "state_keys",
                         "state_bytes",
@@ -904,6 +907,12 @@ class Instance:
         if self._spark is not None:
             self._spark.stop()
             self._spark = None
+
+
+def _commit_offset(row: dict[str, Any]) -> int:
+    """A stats row's offset to commit: its end, or where its held messages began."""
+    held = int(row.get("held_from", -1))
+    return held if held >= 0 else int(row["end_offset"])
 
 
 def _stages_named(stages: tuple[Stage, ...]) -> str:

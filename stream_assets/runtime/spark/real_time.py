@@ -51,6 +51,8 @@ class RealTimeSetup:
     interval_s: float
     step_max_records: int
     idle_poll_s: float
+    #: Bytes a task may hold for a broker group without a master (held_sends.py).
+    held_send_bytes: int
     outage: OutagePolicy
     #: Tasks per interval (0: the application's task slots).
     tasks: int
@@ -176,6 +178,7 @@ class RealTimeQuery:
                     interval_s=self._setup.interval_s,
                     step_max_records=self._setup.step_max_records,
                     idle_poll_s=self._setup.idle_poll_s,
+                    held_send_bytes=self._setup.held_send_bytes,
                     channel=(self._server.address, self._server.token),
                 )
             )
