@@ -597,6 +597,13 @@ class DeploySettings(BaseSettings):
     broker_a_master_port: int = Field(default=24911, gt=2, lt=65535)
     broker_a_slave_port: int = Field(default=25911, gt=2, lt=65535)
     broker_b_master_port: int = Field(default=26911, gt=2, lt=65535)
+    controller: bool = Field(
+        default=True,
+        description="The broker groups under a controller embedded in the name server "
+        "(RocketMQ 5 controller mode): a lost master's in-sync slave is promoted within "
+        "seconds, as production RocketMQ 5 clusters run (ClusterSettings.controller).",
+    )
+    controller_port: int = Field(default=23878, gt=0, lt=65536)
     spark_master_port: int = Field(default=27077, gt=0, lt=65536)
     spark_ui_port: int = Field(default=28080, gt=0, lt=65536)
     spark_workers: int = Field(default=2, gt=0)

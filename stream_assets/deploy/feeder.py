@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from stream_assets.rocketmq.errors import SendError
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.settings import RocketMQSettings
 
@@ -55,13 +56,30 @@ def feed(
             lines = text_lines(rnd, per_tick)
             for i in range(0, len(lines), LINES_PER_MESSAGE):
                 body = "\n".join(lines[i : i + LINES_PER_MESSAGE]).encode()
-                producer.send(topic, body, key=f"feed-{sent + i}")
+                if not _send_until_stored(producer, topic, body, f"feed-{sent + i}", stop):
+                    break
             sent += len(lines)
             if time.monotonic() - said_at >= 10:
                 print(f"fed {sent} lines into {topic}", flush=True)
                 said_at = time.monotonic()
     print(f"stopped: fed {sent} lines into {topic}", flush=True)
     return sent
+
+
+def _send_until_stored(
+    producer: Producer, topic: str, body: bytes, key: str, stop: threading.Event
+) -> bool:
+    """Send one message, again after a failed send (a broker restarting, a master being
+    replaced), as a live source would; False if stopped first. A failed send may have
+    been stored, so a message can be stored twice: a count reference reads the topic."""
+    while True:
+        try:
+            producer.send(topic, body, key=key)
+            return True
+        except SendError as exc:
+            print(f"send failed, trying again: {exc}", flush=True)
+            if stop.wait(1.0):
+                return False
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -94,6 +94,8 @@ class ProdLike:
                 broker_a_master_port=s.broker_a_master_port,
                 broker_a_slave_port=s.broker_a_slave_port,
                 broker_b_master_port=s.broker_b_master_port,
+                controller=s.controller,
+                controller_port=s.controller_port,
                 home=self.home / "rocketmq",
                 broker_conf=acl_conf,
             ),

@@ -72,6 +72,8 @@ from stream_assets.rocketmq.remoting import ConnectionPool, RemotingCommand, Req
 from stream_assets.settings import RocketMQSettings
 
 __all__ = [
+    "DEFAULT_TOPIC",
+    "DEFAULT_TOPIC_QUEUES",
     "MAX_OWN_PROPERTIES_BYTES",
     "BatchProducer",
     "InvalidMessageError",
@@ -119,8 +121,9 @@ _KNOWN_PERMANENT = {
     17: "TOPIC_NOT_EXIST",
     29: "INVALID_PARAMETER",
 }
-_DEFAULT_TOPIC = "TBW102"
-_DEFAULT_TOPIC_QUEUES = "4"
+#: The header's default topic and its queue count (what the Java client sends).
+DEFAULT_TOPIC = "TBW102"
+DEFAULT_TOPIC_QUEUES = "4"
 # No request-level properties ("i") in a batch request, on purpose. Brokers up
 # to 5.3.3 append the request's properties to every stored message of the
 # batch (removed later, apache/rocketmq#9416): a request-level UNIQ_KEY, as the
@@ -171,7 +174,7 @@ def check_message(message: OutgoingMessage, max_message_size: int) -> OutgoingMe
     message for topic 't': its key, tags and properties take 40006 bytes
     """
     body = checked_body(message.topic, message.body, max_message_size)
-    _own_properties(message)
+    own_properties(message)
     return message if body is message.body else replace(message, body=body)
 
 
@@ -376,6 +379,25 @@ class BatchProducer:
                 request.index %= len(slots)
                 request.slot = slots[request.index]
 
+    def place(self, m: OutgoingMessage) -> tuple[int, str, str, int]:
+        """Where ``m`` goes, as :meth:`send_all` would send it: (queue index, broker
+        group, its master's address, queue id)."""
+        slots = self._route(m.topic)[1]
+        index = self._queue_index(m, len(slots))
+        slot = slots[index]
+        return index, slot.broker_name, slot.addr, slot.queue_id
+
+    def next_msg_id(self) -> str:
+        """A new message id (UNIQ_KEY), unique across this producer's messages."""
+        return f"{self._id_prefix}{next(self._id_counter):012X}"
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The started producer's connections (one per broker address)."""
+        if self._pool is None:
+            raise RocketMQError("producer is not started; call start() or use it as a context")
+        return self._pool
+
     # -- sending -----------------------------------------------------------
 
     def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]:
@@ -470,7 +492,7 @@ class BatchProducer:
         for position, m in enumerate(messages):
             topic = m.topic
             body = checked_body(topic, m.body, body_limit)
-            own = _own_properties(m)
+            own = own_properties(m)
             slots = slots_of.get(topic)
             if slots is None:
                 slots = slots_of[topic] = self._route(topic)[1]
@@ -606,8 +628,8 @@ class BatchProducer:
         fields = {
             "a": self._group,
             "b": request.topic,
-            "c": _DEFAULT_TOPIC,
-            "d": _DEFAULT_TOPIC_QUEUES,
+            "c": DEFAULT_TOPIC,
+            "d": DEFAULT_TOPIC_QUEUES,
             "e": str(request.slot.queue_id),
             "f": "0",  # sys flag: not compressed, not transactional
             "g": born,
@@ -652,7 +674,7 @@ class BatchProducer:
             )
 
 
-def _own_properties(m: OutgoingMessage) -> bytes:
+def own_properties(m: OutgoingMessage) -> bytes:
     """The encoded property string of ``m`` without its UNIQ_KEY; raises InvalidMessageError.
 
     Hand-built (it runs once per message sent): the user's properties, then

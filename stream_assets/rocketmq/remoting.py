@@ -61,6 +61,8 @@ class RequestCode(IntEnum):
     GET_BROKER_CLUSTER_INFO = 106
     GET_TOPIC_STATS_INFO = 202
     GET_CONSUME_STATS = 208
+    #: Commit or roll back a transactional (half) message.
+    END_TRANSACTION = 37
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
 

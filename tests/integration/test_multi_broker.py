@@ -5,9 +5,12 @@ A topic is the union of its queues on both groups: every source here has 4
 queues on ``broker-a`` and 4 on ``broker-b``, and every answer is compared with
 a reference computed from the input with plain Python. Failover: broker-a's
 master killed mid-stream and its slave promoted, results resuming without an
-instance restart; broker-b (no slave) stopped for 3 minutes in real-time mode,
-broker-a's keys exact while it is down, waited for and reported. Nothing is
-lost or doubled, and the job starts again cleanly.
+instance restart, under a keyed WordCount (micro-batch), a windowed join
+(real-time mode) and between two generations of a scale; broker-b (no slave)
+stopped for 3 minutes in real-time mode, broker-a's keys exact while it is
+down, waited for and reported. Nothing is lost or doubled, and the job starts
+again cleanly. (Windows over both groups are the join's; in micro-batch mode,
+test_engine.py's and test_cluster.py's on one broker.)
 Stateful logic on two Spark workers under CPU load, a worker killed: the
 user's processors (de-duplication with a TTL, sessions closed by timers under a
 TTL shorter than their gap). (A windowed join on two workers is
@@ -33,7 +36,7 @@ import pytest
 
 from stream_assets.broker.cluster import LocalCluster
 from stream_assets.control.allocation import allocate, topology_queues
-from stream_assets.examples import windowed_sum, wordcount, wordcount_arrow
+from stream_assets.examples import ad_join, wordcount, wordcount_arrow
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
@@ -45,6 +48,7 @@ from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state import layout as lay
+from tests.event_time_reference import window_join
 from tests.integration import _process_case as process_case
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
@@ -60,18 +64,7 @@ from tests.integration._engine_util import (
 from tests.integration._load import cpu_hog
 from tests.integration._process_topologies import dedup_and_sessions
 from tests.integration.conftest import EngineHarness
-from tests.integration.test_cluster import (
-    _driver_settings,
-)
-from tests.integration.test_engine import (
-    BASE_TS,
-    KEYS,
-    WINDOW_MS,
-    _event,
-    _ordered_events,
-    _tumbling_reference,
-    _windows_in_sink,
-)
+from tests.integration.test_cluster import _driver_settings, ad_join_case, ad_join_results
 
 pytestmark = pytest.mark.integration
 
@@ -150,50 +143,6 @@ def _assert_spread(admin: RocketMQAdmin, topology: Topology, shuffle_queues: int
         assert len(current_layout(admin, topic)) == shuffle_queues
 
 
-# -- windowed sum with sources on both groups -----------------------------------------
-
-
-def test_windowed_sum_over_two_broker_groups_fires_the_reference_windows(
-    cluster_engine: EngineHarness,
-    cluster_admin: RocketMQAdmin,
-    cluster_settings: RocketMQSettings,
-    tmp_path: Path,
-) -> None:
-    job = unique("it-mb-ws")
-    source, sink = _source(cluster_admin, job), f"{job}-out"
-    rnd = random.Random(11)
-    layout = current_layout(cluster_admin, source)
-    # Per source queue, events in time order but for jitter below the lateness:
-    # none is late whichever queue runs ahead, so the reference is the plain sums.
-    per_queue = {
-        q: _ordered_events(rnd, count=120, step_ms=500, jitter_ms=2_000) for q in range(len(layout))
-    }
-    reference = _tumbling_reference((e for evs in per_queue.values() for e in evs), WINDOW_MS)
-    topology = windowed_sum.build(job, source, sink, window_s=10, lateness_s=5, idle_timeout_s=2)
-    inst = cluster_engine.start(cluster_engine.instance(topology, tmp_path / "state"))
-    with BatchProducer(cluster_settings) as producer:
-        producer.pin([layout])  # queue_id = layout index: half the queues on each group
-        producer.send_all(
-            [
-                OutgoingMessage(source, _event(e), queue_id=q)
-                for q, events in per_queue.items()
-                for e in events
-            ]
-        )
-    wait_until(
-        lambda: len(_windows_in_sink(cluster_admin, sink)) >= len(reference),
-        CATCH_UP_S,
-        "every window fired",
-    )
-    inst.await_caught_up(CATCH_UP_S)
-    fired = _windows_in_sink(cluster_admin, sink)
-    assert fired == {(k, s, s + WINDOW_MS): total for (k, s), total in reference.items()}
-    assert inst.metrics[1].totals["late"] == 0
-    assert {k for k, _, _ in fired} == set(KEYS)
-    assert min(s for _, s, _ in fired) == BASE_TS
-    _assert_fully_committed(cluster_admin, job, source)
-
-
 # -- failover: a master killed, a whole group stopped ------------------------------------
 
 
@@ -220,7 +169,7 @@ def test_a_group_without_a_master_for_three_minutes_the_other_groups_keys_keep_p
     for 3 minutes. Stage 0 goes on reading broker-a's source queues and sending to
     broker-a's shuffle queues, holding broker-b's messages; the keys of broker-a's
     shuffle queues reach their exact counts while broker-b is still down. The instance
-    waits and says so; everything is exact once broker-b is back, and a restart is clean."""
+    waits and says so; everything is exact once broker-b is back."""
     cluster = cluster_restored
     job = unique("it-mb-down")
     source, sink = _source(cluster_admin, job), f"{job}-out"
@@ -275,18 +224,10 @@ def test_a_group_without_a_master_for_three_minutes_the_other_groups_keys_keep_p
     assert final_counts(read_topic(cluster_admin, sink)) == dict(expected)
     _assert_fully_committed(cluster_admin, job, source)
 
-    cluster_engine.stop(inst)
-    again = cluster_engine.start(cluster_engine.instance(topology, tmp_path / "state", **engine))
-    after = _lines(32, 2_000)
-    _send_lines(cluster_settings, source, after, "after")
-    again.await_caught_up(CATCH_UP_S)
-    expected.update(w for line in after for w in line.split())
-    assert final_counts(read_topic(cluster_admin, sink)) == dict(expected)
     report(
         f"broker-b without a master for {back_s:.0f} s, real-time mode under load: reported "
         f"after {seen_s:.1f} s; {len(healthy)} of {len(expected)} keys (broker-a's) exact "
-        f"{results_s:.0f} s into the outage; all exact {caught_up_s:.0f} s after it began; "
-        "restarted cleanly"
+        f"{results_s:.0f} s into the outage; all exact {caught_up_s:.0f} s after it began"
     )
 
 
@@ -414,6 +355,129 @@ def test_wordcount_over_two_broker_groups_rides_a_master_failover_and_starts_aga
     )
 
 
+def _stored_events(admin: RocketMQAdmin, topic: str) -> dict[MessageQueue, list[dict[str, Any]]]:
+    """A topic's JSON events per queue (both groups), in offset order, keyed for the reference."""
+    reader = QueueReader(admin, group=unique("it-mb-events"))
+    try:
+        out = {}
+        for q in admin.queues(topic):
+            out[q] = [json.loads(r.body) for r in reader.read(q, 0)]
+            for e in out[q]:
+                e["key"] = (e["ad"], e["user"])
+        return out
+    finally:
+        reader.close()
+
+
+def test_a_windowed_join_in_real_time_mode_rides_a_master_failover(
+    cluster_engine: EngineHarness,
+    cluster_admin: RocketMQAdmin,
+    cluster_settings: RocketMQSettings,
+    cluster_restored: LocalCluster,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """A windowed left join of two topics, each with queues on both groups, in real-time
+    mode with the CPUs busy: kill -9 of broker-a's master between the two halves of every
+    queue's input (controller mode). The join's results for the second half come with no
+    instance restart, they equal the reference computed from what the topics hold, and
+    each state queue's history is one strictly increasing sequence from one writer."""
+    cluster = cluster_restored
+    job = unique("it-mb-join")
+    shown, clicked = _source(cluster_admin, f"{job}-imp"), _source(cluster_admin, f"{job}-clk")
+    sink, window = f"{job}-out", 10_000
+    topology = ad_join.build(
+        job, shown, clicked, sink, window_s=window // 1000, lateness_s=5, idle_timeout_s=3
+    )
+    queues = 2 * PER_GROUP
+    impressions, clicks, _ = ad_join_case(67, queues=queues, window_ms=window)
+    for side, per_queue in (("i", impressions), ("c", clicks)):
+        for q, events in per_queue.items():
+            for n, e in enumerate(events):
+                e["id"] = f"{side}{q}.{n}"
+    layouts = [TopicLayout.of(cluster_admin.queues(t)) for t in (shown, clicked)]
+
+    def send(half: int) -> None:
+        """Each queue's first (0) or second (1) half, in order; a failed call again."""
+        with BatchProducer(cluster_settings) as producer:
+            producer.pin(layouts)  # queue i stays on its group through the failover
+            for topic, per_queue in ((shown, impressions), (clicked, clicks)):
+                for q, events in per_queue.items():
+                    cut = len(events) // 2
+                    part = events[:cut] if half == 0 else events[cut:]
+                    messages = [
+                        OutgoingMessage(topic, json.dumps(e).encode(), queue_id=q) for e in part
+                    ]
+                    wait_until(lambda m=messages: _sent_ok(producer, m), 60, f"{topic}[{q}]")
+
+    inst = cluster_engine.start(
+        cluster_engine.instance(
+            topology,
+            tmp_path / "state",
+            shuffle_queues=8,
+            mode="real-time",
+            interval_ms=20_000,
+            step_max_records=500,
+        )
+    )
+    send(0)
+    with cpu_hog(2):
+        killed_at = time.monotonic()
+        cluster.kill("broker-a", "master")
+        send(1)
+
+        def shown_at(part: slice) -> set[tuple[Any, ...]]:
+            return {
+                (e["ad"], e["user"], e["ts"])
+                for events in impressions.values()
+                for e in events[part]
+            }
+
+        cut = len(impressions[0]) // 2
+        second_half = shown_at(slice(cut, None)) - shown_at(slice(0, cut))
+
+        def second_half_joined() -> bool:
+            return any(r[:3] in second_half for r in ad_join_results(cluster_admin, sink))
+
+        wait_until(second_half_joined, CATCH_UP_S, "a result for the second half", 0.5)
+        resumed_s = time.monotonic() - killed_at
+        stored = {t: _stored_events(cluster_admin, t) for t in (shown, clicked)}
+        pairs, late = window_join(stored[shown], stored[clicked], window, 5_000, "left")
+        ids = [e["id"] for q in stored.values() for evs in q.values() for e in evs]
+        assert len(ids) == len(set(ids)) == 800  # premise: each event stored once
+        by_id = {e["id"]: e for q in stored.values() for evs in q.values() for e in evs}
+        expected = collections.Counter(
+            (
+                by_id[i]["ad"],
+                by_id[i]["user"],
+                by_id[i]["ts"],
+                None if c is None else by_id[c]["ts"],
+            )
+            for i, c in pairs
+        )
+
+        wait_until(
+            lambda: sum(ad_join_results(cluster_admin, sink).values()) >= sum(expected.values()),
+            CATCH_UP_S,
+            "every impression joined",
+            1.0,
+        )
+        inst.await_caught_up(CATCH_UP_S)
+    inst.check_failed()  # the same instance all along
+    assert ad_join_results(cluster_admin, sink) == expected
+    for state_topic in topology.state_topics:
+        histories = process_case.state_histories(cluster_admin, state_topic)
+        for queue, (seqs, writers) in histories.items():
+            assert seqs == list(range(1, len(seqs) + 1)), f"{state_topic}[{queue}]: {seqs}"
+            assert len(writers) <= 1, f"{state_topic}[{queue}]: {writers}"
+    assert resumed_s < 30, f"results resumed only {resumed_s:.1f} s after the kill"
+    report(
+        f"windowed join, real-time mode under load, broker-a's master killed mid-stream: a "
+        f"result for input sent after the kill {resumed_s:.1f} s after it, no instance "
+        f"restart; {sum(expected.values())} results exact ({len(late)} late events)"
+    )
+
+
 def _sent_ok(producer: BatchProducer, messages: list[OutgoingMessage]) -> bool:
     """Whether ``messages`` were stored now (False: a failover under way, try again)."""
     try:
@@ -430,8 +494,11 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
     cluster_engine: EngineHarness,
     cluster_admin: RocketMQAdmin,
     cluster_settings: RocketMQSettings,
+    cluster_restored: LocalCluster,
     tmp_path: Path,
 ) -> None:
+    """Scale 1 -> 3 -> 2, the first scale right after broker-a's master was killed: the
+    new generation takes its queues and restores their state on the promoted slave."""
     job = unique("it-mb-scale")
     source, sink = _source(cluster_admin, job), f"{job}-out"
     # The vectorised WordCount: the per-record one runs over both groups in the tests above.
@@ -443,6 +510,8 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
     queues = topology_queues(topology, {source: list(range(2 * PER_GROUP))}, 4)
     for step, count in enumerate((1, 3, 2)):
         allocation = allocate(queues, count, previous=allocation)
+        if step == 1:
+            cluster_restored.kill("broker-a", "master")  # the controller promotes the slave
         for inst in running:  # the old generation stops (final checkpoint) first
             cluster_engine.stop(inst)
         running = [
@@ -465,9 +534,6 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
         assert final_counts(read_topic(cluster_admin, sink)) == dict(words), f"after {count}"
         assert sum(inst.metrics[0].totals["batched_in"] for inst in running) > 0
     _assert_fully_committed(cluster_admin, job, source)
-
-
-# -- a windowed join on the 2-worker Spark cluster, two broker groups, CPU load ---------
 
 
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---
