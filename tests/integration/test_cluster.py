@@ -561,18 +561,38 @@ def _with_hour_late(
                 e["ts"] -= HOUR_MS + rnd.randint(0, 30_000)
 
 
-def _stored_ad_events(admin: RocketMQAdmin, topic: str) -> Queues:
-    """A topic's events per queue in offset order (the order the engine read), keyed
-    by (ad, user) for the reference."""
-    per_queue: dict[int, list[tuple[int, dict[str, Any]]]] = collections.defaultdict(list)
-    for r in read_topic(admin, topic):
-        event = json.loads(r.body)
-        event["key"] = (event["ad"], event["user"])
-        per_queue[r.queue_id].append((r.queue_offset, event))
-    out: dict[Hashable, list[dict[str, Any]]] = {
-        q: [e for _, e in sorted(rows, key=lambda x: x[0])] for q, rows in per_queue.items()
-    }
-    return out
+def stored_ad_events(admin: RocketMQAdmin, topic: str) -> Queues:
+    """A topic's events per queue (of every broker group) in offset order (the order the
+    engine read), keyed by (ad, user) for the reference."""
+    reader = QueueReader(admin, group=unique("it-ad-events"))
+    try:
+        out: dict[Hashable, list[dict[str, Any]]] = {}
+        for queue in admin.queues(topic):
+            out[queue] = [json.loads(r.body) for r in reader.read(queue, 0)]
+            for event in out[queue]:
+                event["key"] = (event["ad"], event["user"])
+        return out
+    finally:
+        reader.close()
+
+
+def ad_join_reference(
+    shown: Queues, clicked: Queues, window_ms: int
+) -> tuple[collections.Counter[tuple[Any, ...]], list[dict[str, Any]]]:
+    """The left join's results (as :func:`ad_join_results` reads them) and its late
+    events, from what the two topics hold (:func:`stored_ad_events`)."""
+    pairs, late = window_join(shown, clicked, window_ms, JOIN_LATENESS_MS, "left")
+    by_id = {e["id"]: e for q in (shown, clicked) for evs in q.values() for e in evs}
+    expected = collections.Counter(
+        (
+            by_id[i]["ad"],
+            by_id[i]["user"],
+            by_id[i]["ts"],
+            None if c is None else by_id[c]["ts"],
+        )
+        for i, c in pairs
+    )
+    return expected, late
 
 
 def _unseen_route_lates(queues: Queues, late: list[dict[str, Any]]) -> int:
@@ -640,18 +660,8 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
         ]
         for producer in producers:
             producer.join()
-        stored = {topic: _stored_ad_events(admin, topic) for topic in (shown, clicked)}
-        pairs, late = window_join(stored[shown], stored[clicked], window, JOIN_LATENESS_MS, "left")
-        by_id = {e["id"]: e for q in stored.values() for evs in q.values() for e in evs}
-        expected = collections.Counter(
-            (
-                by_id[i]["ad"],
-                by_id[i]["user"],
-                by_id[i]["ts"],
-                None if c is None else by_id[c]["ts"],
-            )
-            for i, c in pairs
-        )
+        stored = {topic: stored_ad_events(admin, topic) for topic in (shown, clicked)}
+        expected, late = ad_join_reference(stored[shown], stored[clicked], window)
         assert {e["id"][0] for e in late} == {"i", "c"}, "late events on both sides"
         unseen = _unseen_route_lates(stored[shown], late)
         unseen += _unseen_route_lates(stored[clicked], late)
@@ -670,4 +680,5 @@ def test_a_windowed_left_join_of_two_topics_on_two_workers_equals_the_reference(
     (state_topic,) = ad_join.build(job, shown, clicked, sink).state_topics
     voids = _assert_one_history_per_queue(admin, state_topic)
     _report_state_costs(report, "ad join (two topics)", metrics["2"], voids)
-    report(f"ad join: {len(by_id)} events, {len(late)} late ({unseen} by unseen routes)")
+    events = sum(len(evs) for q in stored.values() for evs in q.values())
+    report(f"ad join: {events} events, {len(late)} late ({unseen} by unseen routes)")

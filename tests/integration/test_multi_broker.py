@@ -48,7 +48,6 @@ from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.runtime.spark.instance import Instance
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state import layout as lay
-from tests.event_time_reference import window_join
 from tests.integration import _process_case as process_case
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
@@ -64,7 +63,13 @@ from tests.integration._engine_util import (
 from tests.integration._load import cpu_hog
 from tests.integration._process_topologies import dedup_and_sessions
 from tests.integration.conftest import EngineHarness
-from tests.integration.test_cluster import _driver_settings, ad_join_case, ad_join_results
+from tests.integration.test_cluster import (
+    _driver_settings,
+    ad_join_case,
+    ad_join_reference,
+    ad_join_results,
+    stored_ad_events,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -355,20 +360,6 @@ def test_wordcount_over_two_broker_groups_rides_a_master_failover_and_starts_aga
     )
 
 
-def _stored_events(admin: RocketMQAdmin, topic: str) -> dict[MessageQueue, list[dict[str, Any]]]:
-    """A topic's JSON events per queue (both groups), in offset order, keyed for the reference."""
-    reader = QueueReader(admin, group=unique("it-mb-events"))
-    try:
-        out = {}
-        for q in admin.queues(topic):
-            out[q] = [json.loads(r.body) for r in reader.read(q, 0)]
-            for e in out[q]:
-                e["key"] = (e["ad"], e["user"])
-        return out
-    finally:
-        reader.close()
-
-
 def test_a_windowed_join_in_real_time_mode_rides_a_master_failover(
     cluster_engine: EngineHarness,
     cluster_admin: RocketMQAdmin,
@@ -441,20 +432,10 @@ def test_a_windowed_join_in_real_time_mode_rides_a_master_failover(
 
         wait_until(second_half_joined, CATCH_UP_S, "a result for the second half", 0.5)
         resumed_s = time.monotonic() - killed_at
-        stored = {t: _stored_events(cluster_admin, t) for t in (shown, clicked)}
-        pairs, late = window_join(stored[shown], stored[clicked], window, 5_000, "left")
+        stored = {t: stored_ad_events(cluster_admin, t) for t in (shown, clicked)}
         ids = [e["id"] for q in stored.values() for evs in q.values() for e in evs]
         assert len(ids) == len(set(ids)) == 800  # premise: each event stored once
-        by_id = {e["id"]: e for q in stored.values() for evs in q.values() for e in evs}
-        expected = collections.Counter(
-            (
-                by_id[i]["ad"],
-                by_id[i]["user"],
-                by_id[i]["ts"],
-                None if c is None else by_id[c]["ts"],
-            )
-            for i, c in pairs
-        )
+        expected, late = ad_join_reference(stored[shown], stored[clicked], window)
 
         wait_until(
             lambda: sum(ad_join_results(cluster_admin, sink).values()) >= sum(expected.values()),
