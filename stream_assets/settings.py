@@ -598,10 +598,12 @@ class DeploySettings(BaseSettings):
     broker_a_slave_port: int = Field(default=25911, gt=2, lt=65535)
     broker_b_master_port: int = Field(default=26911, gt=2, lt=65535)
     controller: bool = Field(
-        default=True,
+        default=False,
         description="The broker groups under a controller embedded in the name server "
         "(RocketMQ 5 controller mode): a lost master's in-sync slave is promoted within "
-        "seconds, as production RocketMQ 5 clusters run (ClusterSettings.controller).",
+        "seconds, as production RocketMQ 5 clusters run (ClusterSettings.controller). Off by "
+        "default here: every write then waits for the slave's copy, which on one loaded "
+        "machine made the deployment's scale 1.3-2x slower (docs/deployment.md).",
     )
     controller_port: int = Field(default=23878, gt=0, lt=65536)
     spark_master_port: int = Field(default=27077, gt=0, lt=65536)
