@@ -75,9 +75,11 @@ def test_a_group_without_a_master_is_held_in_order_and_sent_when_it_answers() ->
     step(held, (0, 1), 5, [(3, "b4")])
     assert brokers.stored == {0: [b"a1", b"a2"], 1: [], 2: [], 3: []}
     assert (held.held_from((0, 0)), held.held_from((0, 1)), held.messages) == (10, 5, 4)
-    assert held.retry() == []  # not due yet
+    held.retry()  # not due yet
+    assert held.take_cleared() == [] and held.messages == 4
     clock.now += 5
-    assert sorted(held.retry()) == [(0, 0), (0, 1)]
+    held.retry()
+    assert held.take_cleared() == [(0, 0), (0, 1)] and held.take_cleared() == []
     # Each queue's messages of one origin in offset order.
     assert brokers.stored[2] == [b"b1", b"b3"] and brokers.stored[3] == [b"b2", b"b4"]
     assert held.held_from((0, 0)) is None and held.groups == set() and held.bytes == 0
@@ -90,7 +92,8 @@ def test_a_retry_while_the_group_is_still_down_keeps_everything_held() -> None:
     brokers.dead.add("broker-b")
     step(held, (0, 0), 10, [(2, "b1"), (2, "b2")])
     clock.now += 6
-    assert held.retry() == []
+    held.retry()
+    assert held.take_cleared() == []
     assert held.messages == 2 and held.held_from((0, 0)) == 10 and held.bytes == 4
 
 
@@ -105,3 +108,19 @@ def test_past_the_limit_a_step_waits_and_sends_nothing() -> None:
     brokers.dead.clear()
     step(held, (0, 0), 20, [(0, "a1"), (2, "b3")])  # the step again: held ones first
     assert brokers.stored[2] == [b"b1", b"b2", b"b3"] and held.messages == 0
+
+
+def test_a_queue_cleared_inside_a_step_is_reported_once_unless_it_holds_again() -> None:
+    brokers, clock = Groups(), Clock()
+    held = HeldSends(lambda: brokers, 1 << 20, retry_every_s=5.0, log=lambda _: None, clock=clock)
+    brokers.dead.add("broker-b")
+    step(held, (0, 0), 10, [(2, "b1")])
+    step(held, (0, 1), 10, [(3, "c1")])
+    brokers.dead.clear()
+    clock.now += 6
+    step(held, (0, 2), 7, [(0, "a1")])  # the retry falls due inside another queue's send
+    assert held.messages == 0
+    brokers.dead.add("broker-b")
+    step(held, (0, 1), 20, [(3, "c2")])  # held again before anyone asked
+    assert held.take_cleared() == [(0, 0)]  # (0, 1) holds from 20: its commit stays there
+    assert held.held_from((0, 1)) == 20

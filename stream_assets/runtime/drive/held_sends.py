@@ -89,6 +89,8 @@ class HeldSends:
         #: Groups with held messages -> when the first was held (monotonic).
         self._since: dict[str, float] = {}
         self._next_retry = 0.0
+        #: Queues whose held messages were all stored since :meth:`take_cleared`.
+        self._cleared: set[QueueKey] = set()
 
     @property
     def groups(self) -> set[str]:
@@ -113,14 +115,18 @@ class HeldSends:
         """The transport of one step of ``queue`` that reads from offset ``start``."""
         return _StepTransport(self, queue, start)
 
-    def retry(self, force: bool = False) -> list[QueueKey]:
-        """Send the held messages again if it is time (or ``force``); the queues
-        that hold nothing any more."""
+    def take_cleared(self) -> list[QueueKey]:
+        """The queues whose held messages were all stored since the last call and
+        that hold none now: their commit may go to where they have been read."""
+        cleared, self._cleared = self._cleared, set()
+        return sorted(q for q in cleared if q not in self._held)
+
+    def retry(self, force: bool = False) -> None:
+        """Send the held messages again if it is time (or ``force``)."""
         if not self._held or (not force and self._clock() < self._next_retry):
-            return []
+            return
         producer = self._producer()
         failed: set[str] = set()  # groups found down this round: not tried again in it
-        cleared = []
         for queue, items in list(self._held.items()):
             _, unsent = producer.send_reachable([i.message for i in items], failed)
             failed.update(unsent.values())
@@ -132,10 +138,9 @@ class HeldSends:
                 self._held[queue] = left
             else:
                 del self._held[queue]
-                cleared.append(queue)
+                self._cleared.add(queue)
         self._settle()
         self._next_retry = self._clock() + self._retry_every_s
-        return cleared
 
     def _settle(self) -> None:
         """Forget groups with nothing held any more, saying so."""

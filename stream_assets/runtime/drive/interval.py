@@ -159,7 +159,9 @@ class _Task:
 
     def step(self, client: ChannelClient) -> tuple[list[dict[str, Any]], bool]:
         """One step of every stage: the stats rows, and whether any record was read."""
-        rows = [self._cleared(queue) for queue in self.held.retry()]
+        # Before this step's rows, which win for a queue that holds messages again.
+        self.held.retry()
+        rows = [self._cleared(queue) for queue in self.held.take_cleared()]
         moved = False
         for index, planner in self.planners.items():
             start = self.positions[index]
@@ -180,7 +182,8 @@ class _Task:
         """At the interval's end: send what is held if its group is back (the rows that
         commit it); a queue that still holds messages starts the next interval where
         they began, derived again from its source."""
-        rows = [self._cleared(queue) for queue in self.held.retry(force=True)]
+        self.held.retry(force=True)
+        rows = [self._cleared(queue) for queue in self.held.take_cleared()]
         for index, queue_id in self.held.queues():
             held = self.held.held_from((index, queue_id))
             assert held is not None
