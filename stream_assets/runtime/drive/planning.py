@@ -139,6 +139,7 @@ class StagePlanner:
         # Per source queue: (end offset, monotonic time it was first seen at that end).
         self._origin_ends: dict[tuple[str, MessageQueue], tuple[int, float]] = {}
         self._planned: dict[str, int] = {}  # ends recorded in the planned group
+        self._planned_loaded: set[str] = set()  # broker groups whose stored ends are in it
         # Spark may create the reader late (a query's first batch), even while
         # the broker restarts: every broker call here rides out an outage.
         layout = opts.layouts.get(opts.topic)
@@ -216,6 +217,7 @@ class StagePlanner:
         plan: a broker group whose master cannot store them now keeps its
         queues at ``begin`` for this batch."""
         assert self.opts.planned_group is not None
+        self._load_planned()
         moved: dict[str, dict[MessageQueue, int]] = {}
         for q in self._queues:
             if end[self._key(q)] > self._planned.get(self._key(q), -1):
@@ -230,6 +232,27 @@ class StagePlanner:
                 continue
             self._planned.update({self._key(q): off for q, off in on_broker.items()})
         return planned
+
+    def _load_planned(self) -> None:
+        """The planned ends already stored, once per broker group: a planned end never
+        goes down. A run that starts below it (after a crash, or a real-time task
+        deriving a held range again) must not lower it, or a later start would
+        pre-combine records an earlier run already sent (``combine_bounds``)."""
+        assert self.opts.planned_group is not None
+        for broker, on_broker in _by_group(self._queues).items():
+            if broker in self._planned_loaded:
+                continue
+            try:
+                stored = self._admin().group_offsets(
+                    self.opts.planned_group, self.opts.topic, on_broker
+                )
+            except (BrokerUnreachableError, RemotingError):
+                continue  # its queues are not planned forward while it is down
+            self._planned_loaded.add(broker)
+            for q, offset in stored.items():
+                if offset is not None:
+                    key = self._key(q)
+                    self._planned[key] = max(offset, self._planned.get(key, -1))
 
     def _end_offsets(self, begin: dict[str, int]) -> dict[str, int]:
         """The broker's end offset of every assigned queue (one request per broker);
