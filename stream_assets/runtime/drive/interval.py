@@ -39,13 +39,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.runtime.core.context import TaskStats
 from stream_assets.runtime.drive.channel import ChannelClient
 from stream_assets.runtime.drive.clients import admin_for
 from stream_assets.runtime.drive.held_sends import HeldSends
-from stream_assets.runtime.drive.planning import StageOptions, StagePlanner, combine_bounds
+from stream_assets.runtime.drive.planning import (
+    StageOptions,
+    StagePlanner,
+    by_group,
+    combine_bounds,
+)
 from stream_assets.runtime.drive.queues import TaskContext, run_range
 
 #: The first wait when nothing arrived; it doubles up to the plan's ``idle_poll_s``.
@@ -143,12 +147,9 @@ class _Task:
         topic = ctx.stage.stage.input_topic
         layout = planner.opts.layouts[topic]
         admin = admin_for(ctx.rocketmq)
-        mine: dict[str, list[MessageQueue]] = {}
-        for q in planner.opts.queues if planner.opts.queues is not None else range(len(layout)):
-            queue = layout.queue(q)
-            mine.setdefault(queue.broker_name, []).append(queue)
+        indices = planner.opts.queues if planner.opts.queues is not None else range(len(layout))
         bounds: list[tuple[int, int]] = []
-        for on_broker in mine.values():
+        for on_broker in by_group([layout.queue(q) for q in indices]).values():
             try:
                 bounds += combine_bounds(
                     admin, topic, layout, self.plan.group, self.plan.planned_group, on_broker

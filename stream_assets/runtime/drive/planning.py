@@ -185,13 +185,26 @@ class StagePlanner:
         queues where its plan has them (they are not read until it is back)
         rather than wait for it, as :meth:`initial` would.
         """
-        found: dict[str, int] = {}
-        for on_broker in _by_group(self._queues).values():
-            try:
-                committed = self._admin().group_offsets(self._group, self.opts.topic, on_broker)
-            except (BrokerUnreachableError, RemotingError):
+        return {
+            self._key(q): o
+            for committed in self._reachable_group_offsets(self._group).values()
+            for q, o in committed.items()
+            if o is not None
+        }
+
+    def _reachable_group_offsets(
+        self, group: str, skip: set[str] | frozenset[str] = frozenset()
+    ) -> dict[str, dict[MessageQueue, int | None]]:
+        """``group``'s offsets of this stage's queues, per broker group that answers
+        (one round trip each; those in ``skip`` are not asked)."""
+        found = {}
+        for broker, on_broker in by_group(self._queues).items():
+            if broker in skip:
                 continue
-            found.update({self._key(q): o for q, o in committed.items() if o is not None})
+            try:
+                found[broker] = self._admin().group_offsets(group, self.opts.topic, on_broker)
+            except (BrokerUnreachableError, RemotingError):
+                continue  # its queues are not read, nor planned forward, while it is down
         return found
 
     def latest(self, start: dict[str, Any], budget: int | None) -> dict[str, Any]:
@@ -239,15 +252,10 @@ class StagePlanner:
         deriving a held range again) must not lower it, or a later start would
         pre-combine records an earlier run already sent (``combine_bounds``)."""
         assert self.opts.planned_group is not None
-        for broker, on_broker in _by_group(self._queues).items():
-            if broker in self._planned_loaded:
-                continue
-            try:
-                stored = self._admin().group_offsets(
-                    self.opts.planned_group, self.opts.topic, on_broker
-                )
-            except (BrokerUnreachableError, RemotingError):
-                continue  # its queues are not planned forward while it is down
+        stored_by_group = self._reachable_group_offsets(
+            self.opts.planned_group, self._planned_loaded
+        )
+        for broker, stored in stored_by_group.items():
             self._planned_loaded.add(broker)
             for q, offset in stored.items():
                 if offset is not None:
@@ -273,7 +281,7 @@ class StagePlanner:
         down, reads go to its slave.
         """
         found: dict[MessageQueue, QueueOffsets] = {}
-        for broker, on_broker in _by_group(queues).items():
+        for broker, on_broker in by_group(queues).items():
             try:
                 found.update(self._admin().topic_offsets(topic, on_broker))
             except (BrokerUnreachableError, RemotingError) as exc:
@@ -333,7 +341,8 @@ class StagePlanner:
         return ranges
 
 
-def _by_group(queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
+def by_group(queues: list[MessageQueue]) -> dict[str, list[MessageQueue]]:
+    """``queues`` per broker group, in order."""
     by_group: dict[str, list[MessageQueue]] = {}
     for q in queues:
         by_group.setdefault(q.broker_name, []).append(q)
