@@ -2,7 +2,9 @@
 
 For each ``--mode`` (micro-batch, real-time) and workload (``passthrough``:
 source -> map -> sink, stage 0 only; ``wordcount``: two stages through the
-shuffle), measured in the same run on the same broker:
+shuffle; ``wordcount-eos``: the same with its sink exactly once, each step's
+counts one RocketMQ transaction, for its cost against ``wordcount`` in the
+same run), measured in the same run on the same broker:
 
 1. the engine's maximum: a fresh instance over a backlog already in its
    source topic, from ``Instance.start`` to the last input committed
@@ -21,6 +23,7 @@ run: below ``sent_per_s``, it did not keep up). Targets (issue 30): p99 <=
 Usage::
 
     python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
+    python benchmarks/latency.py --workload wordcount --workload wordcount-eos
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from stream_assets.examples import wordcount
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 MODES = ("micro-batch", "real-time")
-WORKLOADS = ("passthrough", "wordcount")
+#: ``wordcount-eos``: WordCount with its sink exactly once (transactional messages).
+WORKLOADS = ("passthrough", "wordcount", "wordcount-eos")
+DEFAULT_WORKLOADS = ("passthrough", "wordcount")
 
 
 def engine_max(
@@ -58,7 +63,7 @@ def engine_max(
         return run_instance(topology, settings, engine, args.records).records_per_s
     lines = args.records
     produce_batched(settings, source, wordcount_bodies(lines, args.lines_per_message))
-    topology = wordcount.build(job, source, f"{job}-out")
+    topology = wordcount.build(job, source, f"{job}-out", exactly_once=workload.endswith("-eos"))
     return run_instance(topology, settings, engine, lines).records_per_s
 
 
@@ -72,7 +77,8 @@ def measure(
         lat = passthrough.latency(settings, args, engine, rate)
         sent, done = lat["latency_sent_records_per_s"], lat["latency_engine_records_per_s"]
     else:
-        lat = wordcount_bench.latency(settings, args, engine, rate)
+        eos = workload.endswith("-eos")
+        lat = wordcount_bench.latency(settings, args, engine, rate, exactly_once=eos)
         sent, done = lat["latency_sent_lines_per_s"], lat["latency_engine_lines_per_s"]
     return {
         "mode": engine.mode,
@@ -93,7 +99,12 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
-    parser.add_argument("--workload", choices=WORKLOADS, action="append", help="default: both")
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        action="append",
+        help=f"default: {' and '.join(DEFAULT_WORKLOADS)}",
+    )
     parser.add_argument(
         "--records", type=int, default=100_000, help="backlog of the maximum's run (lines)"
     )
@@ -118,7 +129,7 @@ def main() -> None:
     for mode in args.mode or MODES:
         engine = base.model_copy(update={"mode": mode})
         warm_spark(settings, engine, passthrough.build)
-        for workload in args.workload or WORKLOADS:
+        for workload in args.workload or DEFAULT_WORKLOADS:
             line = measure(settings, engine, workload, args)
             print(json.dumps(line), flush=True)
             if not args.json:

@@ -132,14 +132,16 @@ def latency(
     args: argparse.Namespace,
     engine: EngineSettings,
     lines_per_s: float,
+    exactly_once: bool = False,
 ) -> dict[str, float]:
-    """p50/p99 (ms) of marker latency with lines sent at ``lines_per_s``."""
+    """p50/p99 (ms) of marker latency with lines sent at ``lines_per_s`` (``exactly_once``:
+    the sink's, so a count is seen when its step's transaction is committed)."""
     msgs_per_s = lines_per_s / args.lines_per_message
     count = max(100, int(msgs_per_s * args.latency_seconds))
     bodies = marked(wordcount_bodies(count * args.lines_per_message, args.lines_per_message, 9))
     job = unique("bench-wc-lat")
     run, sent = run_live(
-        wordcount.build(job, f"{job}-in", f"{job}-out"),
+        wordcount.build(job, f"{job}-in", f"{job}-out", exactly_once),
         settings,
         engine,
         bodies,

@@ -55,9 +55,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,7 @@ from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
 from stream_assets.rocketmq.tags import TagFilter
+from stream_assets.rocketmq.transactions import Prepared
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed import read_key_state
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
@@ -169,6 +172,9 @@ class InMemoryBroker:
         self.clock = 0
         self._round_robin: dict[str, int] = {}
         self._unflushed: list[SendReceipt] = []
+        #: Prepared (half) messages of exactly-once sinks, not yet committed or rolled back.
+        self.half: dict[str, tuple[OutgoingMessage, Prepared]] = {}
+        self._half_ids = itertools.count(1)
 
     def create_topic(self, name: str, queues: int) -> InMemoryTopic:
         """Create ``name`` with ``queues`` queues (an existing one must have that count)."""
@@ -245,6 +251,53 @@ class InMemoryBroker:
             )
         return receipts
 
+    def prepare(
+        self, messages: Sequence[OutgoingMessage], properties: Mapping[str, str] | None = None
+    ) -> list[Prepared]:
+        """Hold ``messages`` as half messages (an exactly-once sink's step), queues chosen
+        as :meth:`send_all` would; no reader sees them until :meth:`commit`."""
+        prepared = []
+        for m in messages:
+            checked_body(m.topic, m.body, self.max_message_size)
+            chooser = m.route_key if m.route_key is not None else m.key
+            chosen = self._choose(m.topic, m.queue_id, chooser)
+            n = next(self._half_ids)
+            msg_id = f"half-{n}"
+            props = {**(m.properties or {}), **(properties or {})}
+            handle = Prepared(m.topic, chosen, _BROKER_NAME, "", chosen, msg_id, n, n, chooser)
+            self.half[msg_id] = (dataclasses.replace(m, properties=props), handle)
+            prepared.append(handle)
+        return prepared
+
+    def commit(self, prepared: Sequence[Prepared]) -> None:
+        """Store prepared messages in their queues, in the order given, stamped with the
+        wall clock as a broker stamps them (a new owner looks for them by that time)."""
+        now = int(time.time() * 1000)
+        for p in prepared:
+            m, held = self.half.pop(p.msg_id)
+            self.append(
+                m.topic,
+                m.body,
+                key=m.key,
+                queue_id=held.queue_id,
+                timestamp=now,
+                properties=m.properties,
+                tags=m.tags,
+                msg_id=p.msg_id,
+            )
+
+    def rollback(self, prepared: Sequence[Prepared]) -> None:
+        """Drop prepared messages."""
+        for p in prepared:
+            self.half.pop(p.msg_id, None)
+
+    def _choose(self, topic: str, queue_id: int | None, chooser: str | None) -> int:
+        def turn() -> int:
+            self._round_robin[topic] = self._round_robin.get(topic, 0) + 1
+            return self._round_robin[topic] - 1
+
+        return choose_queue(topic, self.topic(topic).queue_count, queue_id, chooser, turn)
+
     def append(
         self,
         topic: str,
@@ -256,17 +309,12 @@ class InMemoryBroker:
         timestamp: int | None = None,
         route_key: str | None = None,
         tags: str | None = None,
+        msg_id: str | None = None,
     ) -> Record:
         """:meth:`send` with an explicit born timestamp (default ``clock``); the stored record."""
         target = self.topic(topic)
         body = checked_body(topic, body, self.max_message_size)
-
-        def turn() -> int:
-            self._round_robin[topic] = self._round_robin.get(topic, 0) + 1
-            return self._round_robin[topic] - 1
-
-        chooser = route_key if route_key is not None else key
-        chosen = choose_queue(topic, target.queue_count, queue_id, chooser, turn)
+        chosen = self._choose(topic, queue_id, route_key if route_key is not None else key)
         ts = self.clock if timestamp is None else timestamp
         offset = target.end(chosen)
         record = Record(
@@ -279,7 +327,7 @@ class InMemoryBroker:
             properties=dict(properties or {}),
             born_timestamp=ts,
             store_timestamp=ts,
-            msg_id=f"{topic}@{chosen}:{offset}",
+            msg_id=msg_id or f"{topic}@{chosen}:{offset}",
         )
         target.queues[chosen].append(record)
         target.log.append(record)
@@ -846,7 +894,8 @@ class TopologyTestDriver:
             reader=view,
             state_queue=state_queue(view, stage.state_topic, queue_id),
             input_queue=view.queue(stage.input_topic, queue_id),
-            sender=lambda: SendBuffer(self.broker),
+            sender=lambda tx: SendBuffer(self.broker, transaction=tx),
+            sink_port=self.broker,
         )
 
     def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:

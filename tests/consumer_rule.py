@@ -1,5 +1,8 @@
 """What docs/guarantees.md tells a consumer of a sink to do, as the tests read sinks.
 
+An exactly-once sink needs none of it: :func:`plain_counts` reads one as a plain
+consumer does, and fails on a result seen twice or out of order.
+
 Sinks are at least once and every message carries a deterministic key, its last
 one: keep the last copy per message key. For an unwindowed aggregate the key is
 ``job/operator/<result key>/v<version>/<position>``: per result key the highest
@@ -55,3 +58,29 @@ def current_results(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
 def final_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
     """For an unwindowed sink: key -> ``field`` of its current result; deleted keys left out."""
     return {v["key"]: v[field] for v in current_results(records).values() if not v.get("expired")}
+
+
+def plain_counts(records: Sequence[Record], field: str = "count") -> dict[Any, Any]:
+    """An exactly-once unwindowed sink as a plain consumer reads it, queue by queue: each
+    result once (its engine key unique), each key's ``field`` rising in its queue;
+    key -> the last ``field`` seen.
+
+    >>> from stream_assets.rocketmq.records import Record
+    >>> def msg(key: str, n: int) -> Record:
+    ...     return Record("out", 0, 0, f'{{"key": "a", "count": {n}}}'.encode(), keys=(key,))
+    >>> plain_counts([msg("j/s/a/v1/0", 1), msg("j/s/a/v4/0", 3)])
+    {'a': 3}
+    >>> plain_counts([msg("j/s/a/v1/0", 1), msg("j/s/a/v1/0", 1)])
+    Traceback (most recent call last):
+    AssertionError: a result was seen twice: ['j/s/a/v1/0']
+    """
+    keys = [r.keys[-1] for r in records]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    assert not twice, f"a result was seen twice: {twice[:5]}"
+    last: dict[Any, Any] = {}
+    for r in records:
+        value = json.loads(r.body)
+        key, n = value["key"], value[field]
+        assert key not in last or n > last[key], f"{key}: {field} {n} seen after {last[key]}"
+        last[key] = n
+    return last

@@ -73,10 +73,12 @@ class StreamBuilder:
 
     Stream handles are immutable: every operator returns a new handle, and
     using one handle twice branches the stream (both get every value).
+    ``exactly_once_sinks``: the default of every ``sink(exactly_once=...)``.
     """
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, *, exactly_once_sinks: bool = False) -> None:
         self.job_id = validate_name(job_id, "job id")
+        self.exactly_once_sinks = exactly_once_sinks
         self._nodes: list[n.Node] = []
         #: key_by(...) handles not (yet) followed by an aggregate: a mistake at build().
         self._open_groups: list[GroupedStream] = []
@@ -168,7 +170,16 @@ class StreamBuilder:
                 f"{self.job_id}: operator name(s) {twice} given twice (an explicit name=, or "
                 "one that equals another operator's default name); give each its own"
             )
-        return Topology(self.job_id, tuple(self._nodes))
+        topology = Topology(self.job_id, tuple(self._nodes))
+        for stage in topology.stages:
+            if stage.head is None and stage.exactly_once_topics:
+                raise ValueError(
+                    f"{self.job_id}: sink(s) {sorted(stage.exactly_once_topics)} come before any "
+                    "aggregate; exactly_once=True is built for sinks after one (a keyed stage's "
+                    "results). Use exactly_once=False there (at least once, with a "
+                    "de-duplication key: docs/guarantees.md)"
+                )
+        return topology
 
 
 class RStream:
@@ -427,6 +438,7 @@ class RStream:
         key: Callable[[Any], Any] | str | None = None,
         tags: Callable[[Any], Any] | str | None = None,
         properties: Callable[[Any], Any] | None = None,
+        exactly_once: bool | None = None,
     ) -> None:
         """Send each value to ``topic`` (terminal); the default body is JSON.
 
@@ -434,7 +446,15 @@ class RStream:
         and the sink queue is chosen by its hash; ``tags`` (a field or
         function) its tag; ``properties`` a function giving a dict of user
         properties. The engine's de-duplication key is always the message's
-        last key.
+        last key. ``exactly_once`` (default: the builder's
+        ``exactly_once_sinks``): a consumer sees each result once, committed
+        with the state (after an aggregate; docs/guarantees.md).
+
+        Example::
+
+            >>> b = StreamBuilder("wc")
+            >>> counts = b.source("lines", lambda body: body.decode()).key_by(str).count()
+            >>> counts.to_rstream().sink("counts", exactly_once=True)
         """
         validate_name(topic, "sink topic")
         if self._window is not None:
@@ -448,6 +468,7 @@ class RStream:
             key=None if key is None else _key_selector(key, "sink key"),
             tags=None if tags is None else _key_selector(tags, "sink tags"),
             properties=None if properties is None else _callable(properties, "sink properties"),
+            exactly_once=self._b.exactly_once_sinks if exactly_once is None else exactly_once,
             inputs=(self._tail,),
         )
         self._b._add(node)

@@ -25,10 +25,13 @@ def identity(word: str) -> str:
 
 
 def build(
-    job_id: str = "wordcount", source: str = "sourceTopic", sink: str = "wordcount-out"
+    job_id: str = "wordcount",
+    source: str = "sourceTopic",
+    sink: str = "wordcount-out",
+    exactly_once: bool = False,
 ) -> Topology:
-    """The WordCount topology."""
-    builder = StreamBuilder(job_id)
+    """The WordCount topology (``exactly_once``: its sink's, docs/guarantees.md)."""
+    builder = StreamBuilder(job_id, exactly_once_sinks=exactly_once)
     (
         builder.source(source, text_deserializer)
         .flat_map(split_words)

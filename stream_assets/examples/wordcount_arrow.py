@@ -26,9 +26,10 @@ def build(
     job_id: str = "wordcount-arrow",
     source: str = "wordcount-arrow-in",
     sink: str = "wordcount-arrow-out",
+    exactly_once: bool = False,
 ) -> Topology:
-    """The vectorised WordCount topology."""
-    builder = StreamBuilder(job_id)
+    """The vectorised WordCount topology (``exactly_once``: its sink's)."""
+    builder = StreamBuilder(job_id, exactly_once_sinks=exactly_once)
     (
         builder.source(source, text_deserializer)
         .flat_map_batches(lower_words)

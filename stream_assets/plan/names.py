@@ -57,6 +57,16 @@ def default_sink_id(topic: str, ordinal: int) -> str:
     return f"sink_{topic}" if ordinal == 1 else f"sink_{topic}_{ordinal}"
 
 
+def sink_transaction_group(job_id: str) -> str:
+    """The producer group of a job's exactly-once sink messages: the broker accepts
+    their commit only from it and asks it (any instance of the job) what became of one.
+
+    >>> sink_transaction_group("wordcount")
+    'wordcount__sink-tx'
+    """
+    return f"{job_id}__sink-tx"
+
+
 def stateful_kind(head: n.Stateful) -> str:
     """``aggregate``, ``join``, ``join_table`` or ``process``."""
     if isinstance(head, n.Join):

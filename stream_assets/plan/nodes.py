@@ -265,7 +265,9 @@ class Sink(Node):
     """Send each value to ``topic`` with ``serializer`` (terminal).
 
     ``key``, ``tags`` and ``properties``, functions of the value, set the
-    message's user key, tag and user properties.
+    message's user key, tag and user properties. ``exactly_once``: each step's
+    messages are one RocketMQ transaction, committed with the step's state
+    (:mod:`~stream_assets.runtime.core.sink_transactions`).
     """
 
     topic: str
@@ -273,3 +275,4 @@ class Sink(Node):
     key: Callable[[Any], Any] | None = field(default=None, kw_only=True)
     tags: Callable[[Any], Any] | None = field(default=None, kw_only=True)
     properties: Callable[[Any], Any] | None = field(default=None, kw_only=True)
+    exactly_once: bool = field(default=False, kw_only=True)

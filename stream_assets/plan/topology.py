@@ -124,6 +124,13 @@ class Stage:
         return tuple(op.topic for op in self.nodes.values() if isinstance(op, n.Sink))
 
     @property
+    def exactly_once_topics(self) -> frozenset[str]:
+        """Topics this stage's exactly-once sinks write to."""
+        return frozenset(
+            op.topic for op in self.nodes.values() if isinstance(op, n.Sink) and op.exactly_once
+        )
+
+    @property
     def output_topics(self) -> tuple[str, ...]:
         """The shuffle topics this stage's exits write to."""
         return tuple(dict.fromkeys(e.topic for e in self.exits))

@@ -35,6 +35,8 @@ from stream_assets.rocketmq.errors import BrokerUnreachableError
 #: MQVersion.Version.V5_3_3.ordinal() of the Java code base; sent as "version".
 PROTOCOL_VERSION = 497
 _RESPONSE_FLAG = 1
+#: Flag bit of a request that gets no reply (RemotingCommand.markOnewayRPC).
+ONEWAY_FLAG = 2
 _FRAME_HEAD = struct.Struct(">ii")
 
 
@@ -61,8 +63,13 @@ class RequestCode(IntEnum):
     GET_BROKER_CLUSTER_INFO = 106
     GET_TOPIC_STATS_INFO = 202
     GET_CONSUME_STATS = 208
+    #: A client names its producer (and consumer) groups; the broker sends checks
+    #: of a group's transactions only to channels that did.
+    HEART_BEAT = 34
     #: Commit or roll back a transactional (half) message.
     END_TRANSACTION = 37
+    #: Broker -> producer: what became of this half message? (one-way, no reply)
+    CHECK_TRANSACTION_STATE = 39
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
 
@@ -195,7 +202,9 @@ class RemotingConnection:
                 except (OSError, ValueError) as exc:
                     self._close()
                     if attempt + 1 == attempts:
-                        raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
+                        raise BrokerUnreachableError(
+                            self.role, self.addr, describe_socket_error(exc)
+                        ) from exc
             raise AssertionError("unreachable")
 
     def call_many(
@@ -234,12 +243,14 @@ class RemotingConnection:
                 waiting = {c.opaque: i for i, c in enumerate(commands)}
                 replies: list[RemotingCommand | None] = [None] * len(commands)
                 while waiting:
-                    reply = RemotingCommand.decode(self._read_frame(sock))
+                    reply = RemotingCommand.decode(read_frame(sock))
                     if reply.flag & _RESPONSE_FLAG and reply.opaque in waiting:
                         replies[waiting.pop(reply.opaque)] = reply
             except (OSError, ValueError) as exc:
                 self._close()
-                raise BrokerUnreachableError(self.role, self.addr, _describe(exc)) from exc
+                raise BrokerUnreachableError(
+                    self.role, self.addr, describe_socket_error(exc)
+                ) from exc
         return [r for r in replies if r is not None]
 
     def _exchange(self, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
@@ -247,7 +258,7 @@ class RemotingConnection:
         sock.settimeout(timeout_s)
         sock.sendall(request.encode())
         while True:
-            reply = RemotingCommand.decode(self._read_frame(sock))
+            reply = RemotingCommand.decode(read_frame(sock))
             if reply.flag & _RESPONSE_FLAG and reply.opaque == request.opaque:
                 return reply
 
@@ -271,10 +282,16 @@ class RemotingConnection:
             finally:
                 self._sock = None
 
-    @staticmethod
-    def _read_frame(sock: socket.socket) -> bytes:
-        (length,) = struct.unpack(">i", _read_exact(sock, 4))
-        return _read_exact(sock, length)
+
+def read_frame(sock: socket.socket) -> bytes:
+    """One frame from ``sock`` without its length word, for :meth:`RemotingCommand.decode`."""
+    (length,) = struct.unpack(">i", _read_exact(sock, 4))
+    return _read_exact(sock, length)
+
+
+def is_response(command: RemotingCommand) -> bool:
+    """Whether ``command`` answers a request (rather than being one)."""
+    return bool(command.flag & _RESPONSE_FLAG)
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
@@ -289,7 +306,8 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _describe(exc: BaseException) -> str:
+def describe_socket_error(exc: BaseException) -> str:
+    """A socket failure in a few words, as errors and logs give it."""
     if isinstance(exc, TimeoutError | socket.timeout):
         return "no answer within the timeout"
     if isinstance(exc, ConnectionRefusedError):

@@ -17,12 +17,12 @@ What a caller must know, because the broker does not hide it:
   stores the message again. Commit each :class:`Prepared` once.
 - **The broker stores a commit when it processes it**, and it processes
   concurrent ones in any order. So :meth:`TransactionalSender.commit` has one
-  commit per queue in flight at a time (queues in parallel), in the order it
-  was given: a queue gets the messages in that order.
+  commit per queue and key in flight at a time (the rest in parallel), in the
+  order it was given: a key gets its messages in that order.
 - A batch cannot be transactional: each half message is its own request (all
   of them pipelined, one round trip per broker).
-- Not built here: the broker's check-back (``CHECK_TRANSACTION_STATE`` to a
-  producer of the group) for a transaction its producer never ended.
+- A transaction its producer never ended (it died) is resolved by the
+  broker's check-back, answered by ``transaction_checks.CheckResponder``.
 
 Example::
 
@@ -35,8 +35,9 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 
 from stream_assets.rocketmq.batch_producer import (
     DEFAULT_TOPIC,
@@ -53,8 +54,17 @@ from stream_assets.rocketmq.remoting import RemotingCommand, RequestCode
 #: The properties that make a message a half message (MessageConst).
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
-#: sysFlag bits (MessageSysFlag): a prepared message; what END_TRANSACTION asks.
-_PREPARED, _COMMIT, _ROLLBACK = 4, 8, 12
+#: sysFlag bit (MessageSysFlag) of a prepared message.
+_PREPARED = 4
+
+
+class Outcome(IntEnum):
+    """What an ``END_TRANSACTION`` asks of a half message (MessageSysFlag's values)."""
+
+    #: Only as an answer to a check: the broker asks again at its next check.
+    UNKNOWN = 0
+    COMMIT = 8
+    ROLLBACK = 12
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,29 @@ class Prepared:
     #: Its offset in the broker's half queue, and in its commit log.
     tran_state_offset: int
     commit_log_offset: int
+    #: What it is kept in order with in its queue: its route key (None: the queue).
+    order_key: str | None = None
+
+
+def end_transaction_fields(
+    prepared: Prepared, group: str, outcome: Outcome, from_check: bool = False
+) -> dict[str, str]:
+    """The ``END_TRANSACTION`` header for ``prepared`` (the broker finds the half
+    message by its commit-log offset and checks the group and the half-queue offset).
+
+    ``topic`` is the real topic: ACL 2.0 checks the sender may publish to it.
+    """
+    return {
+        "topic": prepared.topic,
+        "producerGroup": group,
+        "tranStateTableOffset": str(prepared.tran_state_offset),
+        "commitLogOffset": str(prepared.commit_log_offset),
+        "commitOrRollback": str(int(outcome)),
+        "fromTransactionCheck": str(from_check).lower(),
+        "msgId": prepared.msg_id,
+        "transactionId": prepared.msg_id,
+        "bname": prepared.broker_name,
+    }
 
 
 class TransactionalSender:
@@ -86,9 +119,12 @@ class TransactionalSender:
         self.producer = producer
         self.group = group
 
-    def prepare(self, messages: Sequence[OutgoingMessage]) -> list[Prepared]:
+    def prepare(
+        self, messages: Sequence[OutgoingMessage], properties: Mapping[str, str] | None = None
+    ) -> list[Prepared]:
         """Store ``messages`` as half messages, queues chosen as :meth:`BatchProducer.send_all`
-        chooses them; one :class:`Prepared` each, in order.
+        chooses them; one :class:`Prepared` each, in order. ``properties`` go on every one
+        (what a check-back decides by).
 
         Raises :class:`SendError` if a broker does not store one; those it
         stored are rolled back first, so nothing of a failed call is left.
@@ -97,15 +133,16 @@ class TransactionalSender:
         born = str(int(time.time() * 1000))
         by_addr: dict[str, list[tuple[int, tuple[int, dict[str, str], bytes]]]] = {}
         places = []
+        shared = "".join(f"{k}\x01{v}\x02" for k, v in (properties or {}).items())
         for position, message in enumerate(messages):
             m = check_message(message, limit)
             body = checked_body(m.topic, m.body, limit)
             index, broker, addr, queue_id = self.producer.place(m)
             msg_id = self.producer.next_msg_id()
-            properties = own_properties(m).decode() + (
+            wire_properties = own_properties(m).decode() + (
                 f"{PROPERTY_TRANSACTION_PREPARED}\x01true\x02"
                 f"{PROPERTY_PRODUCER_GROUP}\x01{self.group}\x02"
-                f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02"
+                f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02{shared}"
             )
             fields = {
                 "a": self.group,
@@ -116,13 +153,14 @@ class TransactionalSender:
                 "f": str(_PREPARED),
                 "g": born,
                 "h": "0",
-                "i": properties,
+                "i": wire_properties,
                 "j": "0",
                 "k": "false",
                 "m": "false",
                 "n": broker,
             }
-            places.append((m.topic, index, broker, addr, queue_id, msg_id))
+            order_key = m.route_key if m.route_key is not None else m.key
+            places.append((m.topic, index, broker, addr, queue_id, msg_id, order_key))
             by_addr.setdefault(addr, []).append(
                 (position, (RequestCode.SEND_MESSAGE_V2, fields, body))
             )
@@ -131,7 +169,7 @@ class TransactionalSender:
         for addr, requests in by_addr.items():
             replies = self._call(addr, [r for _, r in requests])
             for (position, _), reply in zip(requests, replies, strict=True):
-                topic, index, broker, _addr, queue_id, msg_id = places[position]
+                topic, index, broker, _addr, queue_id, msg_id, order_key = places[position]
                 if reply.code != 0:
                     failures.append(f"{topic} queue {queue_id} on {broker}: {_said(reply)}")
                     continue
@@ -146,6 +184,7 @@ class TransactionalSender:
                     # The offset message id: store host and port, then the 8-byte
                     # commit-log offset (MessageDecoder.createMessageId).
                     int(reply.ext_fields["msgId"][-16:], 16),
+                    order_key,
                 )
         if failures:
             self.rollback([p for p in prepared if p is not None])
@@ -153,50 +192,41 @@ class TransactionalSender:
         return [p for p in prepared if p is not None]
 
     def commit(self, prepared: Sequence[Prepared]) -> None:
-        """Make ``prepared`` visible, each queue's in the order given (one commit per
-        queue in flight at a time). Raises :class:`SendError` if a broker refuses one;
-        the ones before it, and other queues', are committed."""
-        queues: dict[tuple[str, str, int], list[Prepared]] = {}
+        """Make ``prepared`` visible, in the order given wherever it matters: per queue
+        and order key (one commit of each in flight at a time; messages without a key
+        keep their queue's order). Raises :class:`SendError` if a broker refuses one;
+        the ones before it, and other queues' and keys', are committed.
+
+        A step's results have one message per result key and sink, so its whole
+        commit is one round trip per broker.
+        """
+        queues: dict[tuple[str, str, int, str | None], list[Prepared]] = {}
         for p in prepared:
-            queues.setdefault((p.topic, p.broker_name, p.queue_id), []).append(p)
+            queues.setdefault((p.topic, p.broker_name, p.queue_id, p.order_key), []).append(p)
         turn = 0
         while True:
             wave = [q[turn] for q in queues.values() if turn < len(q)]
             if not wave:
                 return
-            self._end(wave, _COMMIT)
+            self._end(wave, Outcome.COMMIT)
             turn += 1
 
     def rollback(self, prepared: Sequence[Prepared]) -> None:
         """Drop ``prepared``: no consumer ever sees them."""
-        self._end(prepared, _ROLLBACK)
+        self._end(prepared, Outcome.ROLLBACK)
 
-    def _end(self, prepared: Sequence[Prepared], kind: int) -> None:
+    def _end(self, prepared: Sequence[Prepared], outcome: Outcome) -> None:
         by_addr: dict[str, list[Prepared]] = {}
         for p in prepared:
             by_addr.setdefault(p.addr, []).append(p)
         for addr, ends in by_addr.items():
             requests: list[tuple[int, dict[str, str], bytes]] = [
-                (
-                    RequestCode.END_TRANSACTION,
-                    {
-                        "topic": p.topic,
-                        "producerGroup": self.group,
-                        "tranStateTableOffset": str(p.tran_state_offset),
-                        "commitLogOffset": str(p.commit_log_offset),
-                        "commitOrRollback": str(kind),
-                        "fromTransactionCheck": "false",
-                        "msgId": p.msg_id,
-                        "transactionId": p.msg_id,
-                        "bname": p.broker_name,
-                    },
-                    b"",
-                )
+                (RequestCode.END_TRANSACTION, end_transaction_fields(p, self.group, outcome), b"")
                 for p in ends
             ]
             for p, reply in zip(ends, self._call(addr, requests), strict=True):
                 if reply.code != 0:
-                    what = "commit" if kind == _COMMIT else "rollback"
+                    what = "commit" if outcome == Outcome.COMMIT else "rollback"
                     raise SendError(
                         f"{what} of {p.msg_id} ({p.topic} queue {p.queue_id} on "
                         f"{p.broker_name}) refused: {_said(reply)}"

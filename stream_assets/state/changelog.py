@@ -122,10 +122,20 @@ class ChangelogWriter:
                 )
         return at + len(bodies)
 
-    def write_delta(self, changes: Mapping[bytes, bytes | None], meta: StateMeta, at: int) -> int:
-        """Send the delta of commit ``meta.seq`` starting at offset ``at``; returns the end."""
+    def write_delta(
+        self,
+        changes: Mapping[bytes, bytes | None],
+        meta: StateMeta,
+        at: int,
+        write_id: bytes | None = None,
+    ) -> int:
+        """Send the delta of commit ``meta.seq`` starting at offset ``at``; returns the end.
+
+        ``write_id``: the caller's, when it named the write before (an exactly-once
+        sink's messages name their step by it); default a fresh one.
+        """
         # A fresh id per attempt keeps parts of a crashed attempt apart from a retry's.
-        write_id = os.urandom(8)
+        write_id = write_id or os.urandom(8)
         bodies = encode_delta(
             meta.seq, write_id, meta.snapshot_offset, changes, meta, self.max_body, at=at
         )
@@ -186,6 +196,7 @@ def commit_with_changelog(
     changes: Mapping[bytes, bytes | None],
     meta: StateMeta,
     writer: ChangelogWriter,
+    write_id: bytes | None = None,
 ) -> StateMeta:
     """Commit ``changes`` + ``meta`` durably: changelog first, then the local WriteBatch.
 
@@ -225,7 +236,7 @@ def commit_with_changelog(
     # the last complete write of a seq, which is the one the store committed.
     # The other order could leave local state that no restore can reproduce.
     # A ChangelogConflictError from the writer leaves the store untouched.
-    end = writer.write_delta(changes, meta, at)
+    end = writer.write_delta(changes, meta, at, write_id)
     store.commit(changes, replace(meta, log_end=end))
     if writer.snapshot_due(meta.seq):
         begin, end = writer.write_snapshot(store, end)

@@ -43,7 +43,7 @@ from stream_assets.state.records import (
     is_void,
     join_delta_parts,
 )
-from stream_assets.state.restore import _last_record
+from stream_assets.state.restore import last_record
 from stream_assets.state.store import QueueStateStore
 
 
@@ -88,7 +88,7 @@ def inspect_state_queue(
         >>> inspect_state_queue(admin, reader, queue).seq  # doctest: +SKIP
         40
     """
-    last, low, high = _last_record(admin, reader, queue)
+    last, low, high = last_record(admin, reader, queue)
     if last is None:
         return StateQueueHead(queue, high, 0, None, 0, "", empty=True)
     meta = _latest_meta(reader, queue, low, high)

@@ -103,7 +103,7 @@ def state_queue(admin: StateTopicAdmin, state_topic: str, queue_id: int) -> Mess
     return layout.queue(queue_id)
 
 
-def _last_record(
+def last_record(
     admin: OffsetQueries, reader: RangeReader, queue: MessageQueue
 ) -> tuple[ChangelogRecord | None, int, int]:
     """The last valid record of the queue, with the queue's min and max offsets."""
@@ -128,7 +128,7 @@ def topic_seq(admin: StateTopicAdmin, reader: RangeReader, state_topic: str, que
 
     Reads only the queue's last message.
     """
-    last, _, _ = _last_record(admin, reader, state_queue(admin, state_topic, queue_id))
+    last, _, _ = last_record(admin, reader, state_queue(admin, state_topic, queue_id))
     return 0 if last is None else last.written_seq
 
 
@@ -298,7 +298,7 @@ def restore_from(
     if not store.is_empty():
         raise StateRestoreError(f"restore needs an empty store; wipe() {store.path} first")
     queue_id = store.queue_id
-    last, low, high = _last_record(admin, reader, queue)
+    last, low, high = last_record(admin, reader, queue)
     replay = _Replay(store, reader, queue, high, progress)
     snapshot = None if last is None else last.snap
     while True:

@@ -1,7 +1,7 @@
 """Run one WordCount instance in a process of its own, until it is killed.
 
 Used by the crash tests: ``python -m tests.integration._instance_process
-JOB SOURCE SINK STATE_DIR NAMESRV [MODE]`` starts the instance and prints ``started``
+JOB SOURCE SINK STATE_DIR NAMESRV [MODE [exactly-once]]`` starts the instance and prints ``started``
 once its queries run; the test then ``kill -9``s the whole process group
 (driver and Spark JVM) mid-batch.
 """
@@ -19,8 +19,9 @@ from stream_assets.settings import EngineSettings, RocketMQSettings
 def main() -> None:
     job, source, sink, state_dir, namesrv = sys.argv[1:6]
     mode = sys.argv[6] if len(sys.argv) > 6 else "micro-batch"
+    exactly_once = sys.argv[7:8] == ["exactly-once"]
     instance = Instance(
-        wordcount.build(job, source, sink),
+        wordcount.build(job, source, sink, exactly_once),
         rocketmq=RocketMQSettings(namesrv_addr=namesrv),
         engine=EngineSettings(
             state_dir=state_dir,

@@ -1,26 +1,31 @@
 """Transactional (half) messages against the real 5.3.3 broker: what a plain consumer sees.
 
 The foundation of exactly-once sinks (issue 33): a prepared message is seen by
-no consumer; a committed one is seen once, each queue's in the order
-committed; a rolled-back one never. Read back with the project's QueueReader,
-as any consumer reads, with no de-duplication.
+no consumer; a committed one is seen once, each key's in the order
+committed; a rolled-back one never; one whose producer died is resolved by the
+broker's check-back, answered by another process of its group. Read back with
+the project's QueueReader, as any consumer reads, with no de-duplication; a
+rollback is read from the broker's own record of it (its op queue).
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import uuid
 
 import pytest
 
-from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
 from stream_assets.rocketmq.errors import SendError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
-from stream_assets.rocketmq.transactions import TransactionalSender
+from stream_assets.rocketmq.transaction_checks import CheckResponder, TransactionCheck
+from stream_assets.rocketmq.transactions import Outcome, TransactionalSender
 from stream_assets.settings import RocketMQSettings
+from tests.integration._engine_util import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +69,86 @@ def test_prepared_messages_are_unseen_until_committed_then_seen_once_in_order(
     seen = [r for records in stored.values() for r in records]
     assert len(seen) == len({r.msg_id for r in seen}) == 45  # each once, nothing else
     by_id = {p.msg_id: m for p, m in zip(prepared, messages, strict=True)}
-    expected: dict[int, list[bytes]] = collections.defaultdict(list)
+    # Each key's messages in the order committed (keys of one queue go in parallel).
+    expected: dict[tuple[int, str | None], list[bytes]] = collections.defaultdict(list)
     for p in keep:
-        expected[p.queue_id].append(by_id[p.msg_id].body)
-    assert {q: [r.body for r in rs] for q, rs in stored.items() if rs} == expected
+        expected[p.queue_id, by_id[p.msg_id].key].append(by_id[p.msg_id].body)
+    got: dict[tuple[int, str | None], list[bytes]] = collections.defaultdict(list)
+    for q, rs in stored.items():
+        for r in rs:
+            got[q, r.key].append(r.body)
+    assert got == expected
     for r in seen:
         m = by_id[r.msg_id]
         assert (r.keys, r.tags) == ((m.key,), m.tags)
+
+
+#: Where the broker records every commit and rollback of a half message: the
+#: half queue's offset, comma-separated, in messages tagged "d" (TransactionalMessageUtil).
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+
+
+def _ended_half_offsets(admin: RocketMQAdmin, broker_name: str) -> set[int]:
+    reader = QueueReader(admin, group=f"it-tx-ops-{uuid.uuid4().hex[:8]}")
+    try:
+        records = reader.read(MessageQueue(OP_TOPIC, broker_name, 0), 0)
+        return {int(o) for r in records if r.tags == "d" for o in r.body.decode().split(",") if o}
+    finally:
+        reader.close()
+
+
+def test_a_dead_producers_transactions_are_resolved_by_the_check_back_of_another(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
+    """A producer prepares 24 half messages and dies without ending any. Another process
+    of its group answers the broker's checks as an exactly-once sink does: commit what a
+    durable record says landed (here every other message), unless a consumer already sees
+    it; roll back the rest. The broker makes the landed ones visible, each once, and
+    records the rollback of the others, which no consumer ever sees."""
+    topic = f"it-txc-{uuid.uuid4().hex[:8]}"
+    group = f"it-txc-group-{uuid.uuid4().hex[:6]}"
+    admin.create_topic(topic, QUEUES)
+    messages = [OutgoingMessage(topic, f"r{i}".encode(), key=f"k{i}") for i in range(24)]
+    with BatchProducer(client_settings) as producer:
+        prepared = TransactionalSender(producer, group).prepare(messages)
+    # The producer is gone; nothing ended its transactions.
+    landed = {p.msg_id for p in prepared[::2]}
+    where = {p.msg_id: (p.topic, p.queue_id, p.broker_name) for p in prepared}
+    answers: dict[str, list[tuple[Outcome, int]]] = collections.defaultdict(list)
+    lock = threading.Lock()
+
+    def visible() -> list[str]:
+        return [r.msg_id for rs in _stored(admin, topic).values() for r in rs]
+
+    def resolve(check: TransactionCheck) -> Outcome:
+        p = check.prepared
+        assert where[p.msg_id] == (p.topic, p.queue_id, p.broker_name), p
+        outcome = (
+            Outcome.COMMIT if p.msg_id in landed and p.msg_id not in visible() else Outcome.ROLLBACK
+        )
+        with lock:
+            answers[p.msg_id].append((outcome, p.tran_state_offset))
+        return outcome
+
+    with CheckResponder(client_settings, group, resolve) as responder:
+        # Checked 6 s after its birth at the earliest, then every 5 s (broker_tuning).
+        wait_until(lambda: sorted(visible()) == sorted(landed), 120, "the landed ones visible")
+        rolled_back = set(where) - landed
+        wait_until(
+            lambda: (
+                len(answers) == len(where)
+                and {
+                    offset
+                    for m in rolled_back
+                    for outcome, offset in answers[m]
+                    if outcome == Outcome.ROLLBACK
+                }
+                <= _ended_half_offsets(admin, prepared[0].broker_name)
+            ),
+            120,
+            "the broker's record of every rollback",
+        )
+        assert responder.answered[Outcome.UNKNOWN] == 0
+    seen = visible()
+    assert sorted(seen) == sorted(landed), "a rolled-back message became visible, or one twice"
+    assert all(outcome == Outcome.ROLLBACK for m in rolled_back for outcome, _ in answers[m])

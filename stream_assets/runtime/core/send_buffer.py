@@ -35,11 +35,14 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stream_assets.rocketmq.batch_producer import check_message
 from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
+
+if TYPE_CHECKING:
+    from stream_assets.runtime.core.sink_transactions import StepTransaction
 
 
 class Transport(Protocol):
@@ -53,11 +56,18 @@ class SendBuffer:
 
     ``max_message_size``: the broker's body limit; default the transport's
     ``max_message_size`` (the batch producer's and the in-memory broker's
-    setting), else RocketMQ's default 4 MiB.
+    setting), else RocketMQ's default 4 MiB. ``transaction``: a step's
+    exactly-once sinks, whose messages a flush prepares instead of sending.
     """
 
-    def __init__(self, transport: Transport, max_message_size: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        max_message_size: int | None = None,
+        transaction: StepTransaction | None = None,
+    ) -> None:
         self.transport = transport
+        self.transaction = transaction
         if max_message_size is None:
             max_message_size = getattr(transport, "max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
         self.max_message_size: int = max_message_size
@@ -86,12 +96,17 @@ class SendBuffer:
         self._pending.append(check_message(message, self.max_message_size))
 
     def flush(self) -> list[SendReceipt]:
-        """Send everything queued; returns once it is stored (receipts in send order).
+        """Send everything queued; returns once it is stored (receipts in send order;
+        none for the transaction's messages, which are prepared, not yet in a queue).
 
         Raises whatever the transport raises; the messages of a failed flush
         are dropped from the buffer (the task fails, and its retry sends anew).
         """
         pending, self._pending = self._pending, []
+        tx = self.transaction
+        if tx is not None:
+            tx.prepare([m for m in pending if tx.takes(m.topic)])
+            pending = [m for m in pending if not tx.takes(m.topic)]
         return self.transport.send_all(pending) if pending else []
 
     @property

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from stream_assets.plan.names import sink_transaction_group
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.batch_producer import BatchProducer
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.tags import TagFilter
+from stream_assets.rocketmq.transactions import TransactionalSender
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.runtime.core.send_buffer import SendBuffer, Transport
@@ -131,6 +133,7 @@ def run_stateful_queue(
     head = stage.stage.head
     assert head is not None and stage.stage.state_topic is not None
     settings = ctx.rocketmq
+    producer = ctx.producer()
     ports = QueuePorts(
         store=partial(HANDLES.use, ctx.state_root(), stage.job_id, head.op_id, queue_id),
         admin=admin_for(settings),
@@ -138,7 +141,12 @@ def run_stateful_queue(
         # The queues from the context (no route lookup): one offset query when current.
         state_queue=ctx.state_queue(queue_id),
         input_queue=ctx.input_queue(queue_id),
-        sender=lambda: SendBuffer(ctx.producer()),
+        sender=lambda tx: SendBuffer(producer, transaction=tx),
+        sink_port=(
+            TransactionalSender(producer, sink_transaction_group(stage.job_id))
+            if stage.stage.exactly_once_topics
+            else None
+        ),
     )
     stats = run_stateful_batch(stage, queue_id, start, end, ports, idle)
     stats.settings_digest = settings.digest()

@@ -42,6 +42,7 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.provision import provision_topics, upgrade_topology
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.rocketmq.transaction_checks import CheckResponder
 from stream_assets.runtime.core.context import STATS_DDL, StageContext
 from stream_assets.runtime.drive.broker_watch import BrokerWatch, Outages
 from stream_assets.runtime.drive.offset_commits import OffsetCommits
@@ -53,6 +54,7 @@ from stream_assets.runtime.drive.prometheus import (
     endpoint_port,
 )
 from stream_assets.runtime.drive.queues import TaskContext
+from stream_assets.runtime.drive.sink_checks import start_sink_checks
 from stream_assets.runtime.drive.store_handles import release_job_stores
 from stream_assets.runtime.drive.user_code import ship_user_code
 from stream_assets.runtime.drive.warm_up import warm_queues
@@ -200,6 +202,8 @@ class Instance:
         # One control-plane client for the instance's life: offsets are
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
+        #: Answers the broker's checks of exactly-once sink messages (None: no such sink).
+        self._sink_checks: CheckResponder | None = None
         self._source_queues: dict[str, tuple[int, ...]] = {}
         #: Who commits state: recorded with every changelog write of this instance.
         self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"
@@ -319,6 +323,10 @@ class Instance:
         self.upgrade()
         self.check_credentials()
         self.prepare_topics()
+        if self._sink_checks is None:
+            self._sink_checks = start_sink_checks(
+                self.topology, self.rocketmq, self._admin, self.group
+            )
         self._spark = self._session()
         shipped = ship_user_code(self._spark.sparkContext, self.topology)
         if shipped:
@@ -901,6 +909,9 @@ class Instance:
         # A warm-up instance (no queries) wrote the settings file too.
         shutil.rmtree(self._checkpoints, ignore_errors=True)
         self.prometheus.close()
+        if self._sink_checks is not None:
+            self._sink_checks.close()
+            self._sink_checks = None
         if self._admin_obj is not None:
             self._admin_obj.close()
             self._admin_obj = None

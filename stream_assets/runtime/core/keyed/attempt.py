@@ -29,7 +29,7 @@ Example::
 
     >>> ports = QueuePorts(store=lambda: HANDLES.use(root, "wc", "count", 3), admin=admin,
     ...                    reader=reader, state_queue=log, input_queue=shuffle,
-    ...                    sender=lambda: SendBuffer(producer))  # doctest: +SKIP
+    ...                    sender=lambda tx: SendBuffer(producer, transaction=tx))  # doctest: +SKIP
     >>> stats = run_stateful_batch(ctx, 3, 120, 180, ports)  # doctest: +SKIP
     >>> stats.restores, stats.records_in  # doctest: +SKIP
     (0, 60)
@@ -37,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
@@ -46,9 +47,15 @@ from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed.batch import check_owner, run_keyed_batch
 from stream_assets.runtime.core.ports import Sender
+from stream_assets.runtime.core.sink_transactions import (
+    ExactlyOnceSinks,
+    StepTransaction,
+    TransactionPort,
+)
 from stream_assets.state.errors import ChangelogConflictError
 from stream_assets.state.ports import OffsetQueries, RangeReader
 from stream_assets.state.restore import RestoreResult, ensure_current
+from stream_assets.state.step_fate import StepTag
 from stream_assets.state.store import QueueStateStore
 
 #: Attempts of one batch while its changelog writes conflict; the last conflict is raised.
@@ -69,8 +76,13 @@ class QueuePorts:
     state_queue: MessageQueue
     #: The shuffle queue the batch reads.
     input_queue: MessageQueue
-    #: A fresh sender per attempt: what a voided attempt queued is never sent.
-    sender: Callable[[], Sender]
+    #: A fresh sender per attempt: what a voided attempt queued is never sent. It
+    #: prepares the attempt's exactly-once sink messages into the transaction given.
+    sender: Callable[[StepTransaction | None], Sender]
+    #: Half messages for exactly-once sinks (None: the runner has none to offer).
+    sink_port: TransactionPort | None = None
+    #: How long a new owner waits for the previous owner's last sink messages.
+    sink_wait_s: float = 120.0
 
 
 def run_stateful_batch(
@@ -109,18 +121,38 @@ def _attempt(
     idle: Collection[int],
     now_ms: int | None,
 ) -> TaskStats:
-    sender = ports.sender()
     with ports.store() as store:
         began = time.monotonic()
         restored = ensure_current(store, ports.state_queue, ports.admin, ports.reader)
         check_owner(ctx, store)  # before reading or sending anything
         currency_s = time.monotonic() - began
+        sinks = _exactly_once_sinks(ctx, queue_id, store, ports)
+        sender = ports.sender(None if sinks is None else sinks.transaction)
         records = ports.reader.read(ports.input_queue, start, end)
-        stats = run_keyed_batch(ctx, queue_id, end, records, store, sender, idle, now_ms)
+        stats = run_keyed_batch(ctx, queue_id, end, records, store, sender, idle, now_ms, sinks)
         _report_currency(stats, currency_s, restored)
         stats.state_keys = store.estimated_key_count()
         stats.state_bytes = store.size_bytes()
     return stats
+
+
+def _exactly_once_sinks(
+    ctx: StageContext, queue_id: int, store: QueueStateStore, ports: QueuePorts
+) -> ExactlyOnceSinks | None:
+    """The attempt's transaction, naming the offset its delta must land at (the current
+    store's log end) and a fresh write id; None for a stage without exactly-once sinks."""
+    topics = ctx.stage.exactly_once_topics
+    if not topics:
+        return None
+    if ports.sink_port is None:
+        raise RuntimeError(
+            f"sinks {sorted(topics)} are exactly_once, and this runner cannot send "
+            "transactional messages"
+        )
+    assert ctx.stage.state_topic is not None
+    tag = StepTag(ctx.stage.state_topic, queue_id, store.meta.log_end or 0, os.urandom(8))
+    transaction = StepTransaction(ports.sink_port, topics, tag)
+    return ExactlyOnceSinks(transaction, ports.admin, ports.reader, ports.sink_wait_s)
 
 
 def _report_currency(stats: TaskStats, currency_s: float, restored: RestoreResult | None) -> None:

@@ -28,10 +28,12 @@ proven current against the state topic. What differs per head is a
    and the deletions of expired ones.
 5. Emit results at least once (:mod:`~stream_assets.runtime.core.keyed.emit`); a result the
    broker would refuse or a late record that cannot be sent is a dead letter
-   of its own, never the batch's failure.
+   of its own, never the batch's failure. An exactly-once sink's results are
+   prepared, not sent (:mod:`~stream_assets.runtime.core.sink_transactions`).
 6. Checkpoint: values, origins, input offset, watermark and owner in one
    WriteBatch, the changelog record sent first and compare-and-appended; then
-   send the outbox (results for the next shuffle) it committed.
+   send the outbox (results for the next shuffle) it committed, and commit the
+   exactly-once sinks' messages.
 """
 
 from __future__ import annotations
@@ -49,10 +51,18 @@ from stream_assets.runtime.core.keyed.logics import logic_for
 from stream_assets.runtime.core.keyed.results import result_key
 from stream_assets.runtime.core.ports import Sender
 from stream_assets.runtime.core.shuffle_codec import decode, encode_key
+from stream_assets.runtime.core.sink_transactions import (
+    TX,
+    TX_ENDED,
+    ExactlyOnceSinks,
+    StepMessages,
+    unended,
+)
 from stream_assets.serde.packing import pack
 from stream_assets.state import layout as lay
 from stream_assets.state.changelog import commit_with_changelog
-from stream_assets.state.errors import FencedError
+from stream_assets.state.errors import ChangelogConflictError, FencedError, StateError
+from stream_assets.state.meta import StateMeta
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import WatermarkTracker, Window, later, window_closed
 
@@ -77,13 +87,16 @@ def run_keyed_batch(
     sender: Sender,
     idle_origins: Collection[int] = (),
     now_ms: int | None = None,
+    sinks: ExactlyOnceSinks | None = None,
 ) -> TaskStats:
     """Apply shuffle ``records`` of queue ``queue_id`` (up to offset ``end``) to ``store``.
 
     ``idle_origins``: source queues whose end offset has not moved for the
     idle timeout and that were processed to their end, so nothing more can
     come from them for now. ``now_ms``: the wall clock processing-time timers
-    and periodic results go by (default: now).
+    and periodic results go by (default: now). ``sinks``: the stage's
+    exactly-once sinks, this attempt's transaction (the one ``sender`` prepares
+    into).
 
     >>> stats = run_keyed_batch(ctx, 0, end, records, store, sender)  # doctest: +SKIP
     >>> stats.records_in, stats.fired  # doctest: +SKIP
@@ -93,7 +106,7 @@ def run_keyed_batch(
     stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
     check_owner(ctx, store)
     emit.resend_outbox(ctx, queue_id, store, sender, stats)
-    run = _QueueBatch(ctx, queue_id, store, sender, stats, now_ms)
+    run = _QueueBatch(ctx, queue_id, store, sender, stats, now_ms, sinks)
     for record in records:
         run.apply(record)
     run.finish(end, frozenset(idle_origins))
@@ -111,11 +124,18 @@ class _QueueBatch:
         sender: Sender,
         stats: TaskStats,
         now_ms: int | None,
+        sinks: ExactlyOnceSinks | None = None,
     ) -> None:
         head = ctx.stage.head
         assert head is not None
         self.ctx, self.head, self.queue_id = ctx, head, queue_id
         self.store, self.sender, self.stats = store, sender, stats
+        self.sinks = sinks
+        # The previous owner may have died between its last delta and the end of its
+        # transaction: while some of those messages are unseen, each step claims the
+        # queue (a commit, input or not), which lets the check-back commit them, and
+        # ends its own only after them.
+        self.previous = sinks.unseen(unended(store.meta)) if sinks is not None else None
         self.meta = meta = store.next_meta()
         self.tracker = (
             WatermarkTracker.from_dict(meta.watermark)
@@ -301,12 +321,58 @@ class _QueueBatch:
             meta.extra["out_p"] = progress
         # Outputs (and dead letters, late records) durable before the changelog
         # says this batch happened: a restore never skips outputs that were lost.
-        self.sender.flush()
-        self._commit(end, watermark)
+        # An exactly-once sink's are prepared: durable, not yet visible.
+        try:
+            self.sender.flush()
+        except BaseException:
+            self._roll_back()  # no delta was sent: the step never lands
+            raise
+        try:
+            self._commit(end, watermark)
+        except ChangelogConflictError:
+            self._roll_back()  # the delta is void: it never lands
+            raise
+        # Any other failure of the commit may follow a landed delta: the check-back
+        # decides from the state queue, never a rollback here.
         if send_outbox and self.committed:
             emit.send_outbox(
                 ctx, self.queue_id, self.store, meta.seq, outbox, progress, self.sender, self.stats
             )
+        self._end_sinks()
+
+    def _roll_back(self) -> None:
+        if self.sinks is not None and self.sinks.transaction.prepared:
+            self.sinks.transaction.rollback_quietly()
+
+    def _end_sinks(self) -> None:
+        """Commit the step's exactly-once messages (its delta landed), then note it locally."""
+        if self.sinks is None:
+            return
+        if not self.committed:
+            self._roll_back()  # nothing changed, so nothing was prepared; never ends one
+            return
+        if self.sinks.end(self.previous):
+            meta = self.store.meta.copy()
+            meta.extra[TX_ENDED] = meta.seq
+            self.store.update_meta(meta)
+
+    def _record_sinks(self, meta: StateMeta) -> bytes | None:
+        """Put the exactly-once messages still to be seen in the delta: any the previous
+        owner left unended, then this step's. Returns the write id they name."""
+        meta.extra.pop(TX_ENDED, None)
+        meta.extra.pop(TX, None)
+        if self.sinks is None:
+            return None
+        tx = self.sinks.transaction
+        if tx.tag.at != (self.store.meta.log_end or 0):
+            raise StateError(
+                f"{tx.tag.encode()}: the step's sink messages name state offset {tx.tag.at}, "
+                f"but its delta goes to {self.store.meta.log_end or 0}; a bug: report it"
+            )
+        pending = StepMessages.merged(self.previous, tx.messages())
+        if pending is not None:
+            meta.extra[TX] = pending.to_wire()
+        return tx.tag.write_id
 
     def _expire(self, watermark: int | None) -> None:
         """Move touched keys' expiry, then forget the keys the watermark passed."""
@@ -328,10 +394,12 @@ class _QueueBatch:
         claim = store.meta.generation != ctx.generation or store.meta.writer != ctx.writer
         meta.generation, meta.writer = ctx.generation, ctx.writer
         changes = self.batch.state.changes
+        write_id = self._record_sinks(meta)
         self.committed = bool(
             changes
             or self.got_input
             or claim
+            or self.previous is not None
             or meta.extra.get("closed") != store.meta.extra.get("closed")
             or meta.extra.get("early_period") != store.meta.extra.get("early_period")
         )
@@ -340,4 +408,4 @@ class _QueueBatch:
             # topic is what fences the previous owner.
             assert ctx.stage.state_topic is not None
             writer = emit.changelog_writer(ctx, self.sender, ctx.stage.state_topic, self.queue_id)
-            commit_with_changelog(store, changes, meta, writer)
+            commit_with_changelog(store, changes, meta, writer, write_id)

@@ -1,0 +1,264 @@
+"""Exactly-once sinks: a step's sink messages as one RocketMQ transaction, ended after its commit.
+
+A keyed step with ``sink(..., exactly_once=True)`` (docs/notes/transactions.md,
+"Design of the exactly-once sink"):
+
+1. fixes its :class:`~stream_assets.state.step_fate.StepTag` before it sends
+   anything: the offset its delta must land at and the delta's write id;
+2. at its flush, *prepares* the exactly-once sinks' messages (half messages
+   no consumer sees, each naming the step in ``SA_STEP``), the rest sent as
+   always;
+3. commits its state with the messages' places (:meth:`StepTransaction.messages`,
+   in ``meta.extra["tx"]``);
+4. then commits the half messages, each key's in order, and notes locally
+   that it did (``tx_ended``), as the outbox's ``outbox_sent``.
+
+A step that does not commit rolls back what it prepared. An owner that died
+between 3 and 4 leaves them to the broker's check-back, which the state
+queue answers (:mod:`~stream_assets.runtime.drive.sink_checks`); the queue's
+next owner waits until they are visible before it ends its own
+(:func:`await_visible`), so every sink queue keeps step order, and never ends
+another owner's messages itself, so each message has one committer.
+
+Example::
+
+    >>> tx = StepTransaction(port, frozenset({"counts"}), tag)  # doctest: +SKIP
+    >>> buffer = SendBuffer(producer, transaction=tx)  # doctest: +SKIP
+    >>> buffer.send("counts", b"3", key="apple"); buffer.flush()  # prepared  # doctest: +SKIP
+    >>> tx.commit()  # after the step's delta landed: a consumer sees it  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from stream_assets.rocketmq.admin import MessageQueue
+from stream_assets.rocketmq.records import OutgoingMessage
+from stream_assets.rocketmq.transactions import Prepared
+from stream_assets.state.meta import StateMeta
+from stream_assets.state.ports import OffsetQueries, RangeReader
+from stream_assets.state.step_fate import PROPERTY_STEP, StepTag
+
+_log = logging.getLogger(__name__)
+
+#: ``meta.extra`` keys: the latest step's prepared messages, and the seq whose
+#: messages this store's process committed (local only until the next commit).
+TX, TX_ENDED = "tx", "tx_ended"
+_WIRE_VERSION = 1
+#: Messages read per pull while looking for a step's messages at a sink queue's end.
+_SCAN_BATCH = 256
+#: How far before a step's born time (the client's clock) the look goes back: the
+#: broker's clock stamps the stored copies; clocks kept by NTP differ by far less.
+_CLOCK_SKEW_MS = 5_000
+
+
+class TransactionPort(Protocol):
+    """Half messages: prepared, then committed or rolled back
+    (:class:`~stream_assets.rocketmq.transactions.TransactionalSender`, or the test
+    driver's in-memory broker)."""
+
+    def prepare(
+        self, messages: Sequence[OutgoingMessage], properties: Mapping[str, str] | None = None
+    ) -> list[Prepared]: ...
+
+    def commit(self, prepared: Sequence[Prepared]) -> None: ...
+
+    def rollback(self, prepared: Sequence[Prepared]) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepMessages:
+    """A committed step's exactly-once messages, as its delta records them: by sink queue,
+    each queue's UNIQ_KEYs in order, and when they were prepared."""
+
+    born_ms: int
+    queues: dict[MessageQueue, list[str]]
+
+    def to_wire(self) -> list[Any]:
+        """Versioned, for ``meta.extra``: ``[1, born_ms, [[topic, broker, queue, [ids]], ...]]``."""
+        rows = [[q.topic, q.broker_name, q.queue_id, ids] for q, ids in self.queues.items()]
+        return [_WIRE_VERSION, self.born_ms, rows]
+
+    @staticmethod
+    def merged(first: StepMessages | None, then: StepMessages | None) -> StepMessages | None:
+        """``first``'s messages, then ``then``'s, per queue (either may be None)."""
+        if first is None or then is None:
+            return first or then
+        queues = {q: list(ids) for q, ids in first.queues.items()}
+        for q, ids in then.queues.items():
+            queues.setdefault(q, []).extend(ids)
+        return StepMessages(min(first.born_ms, then.born_ms), queues)
+
+    @classmethod
+    def from_wire(cls, raw: list[Any]) -> StepMessages:
+        """Parse :meth:`to_wire`; ValueError for another version."""
+        if not raw or raw[0] != _WIRE_VERSION:
+            raise ValueError(
+                f"state meta {TX!r} of version {raw[0] if raw else None}; this stream-assets "
+                f"reads version {_WIRE_VERSION}: was the state written by a newer one?"
+            )
+        _, born_ms, rows = raw
+        return cls(int(born_ms), {MessageQueue(t, b, int(q)): list(ids) for t, b, q, ids in rows})
+
+
+@dataclass
+class StepTransaction:
+    """One attempt's exactly-once sink messages (a fresh one per attempt)."""
+
+    port: TransactionPort
+    topics: frozenset[str]
+    tag: StepTag
+    born_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    prepared: list[Prepared] = field(default_factory=list)
+
+    def takes(self, topic: str) -> bool:
+        """Whether a message to ``topic`` goes in this transaction."""
+        return topic in self.topics
+
+    def prepare(self, messages: Sequence[OutgoingMessage]) -> None:
+        """Store ``messages`` as half messages naming this step."""
+        if messages:
+            self.prepared += self.port.prepare(messages, {PROPERTY_STEP: self.tag.encode()})
+
+    def messages(self) -> StepMessages | None:
+        """What the step's delta records (None: nothing prepared)."""
+        if not self.prepared:
+            return None
+        queues: dict[MessageQueue, list[str]] = {}
+        for p in self.prepared:
+            queues.setdefault(MessageQueue(p.topic, p.broker_name, p.queue_id), []).append(p.msg_id)
+        return StepMessages(self.born_ms, queues)
+
+    def commit(self) -> None:
+        """Make the prepared messages visible, each sink queue's in order."""
+        self.port.commit(self.prepared)
+
+    def rollback_quietly(self) -> None:
+        """Drop the prepared messages; if that fails, the check-back does (the step's delta
+        never landed)."""
+        try:
+            self.port.rollback(self.prepared)
+        except Exception as exc:
+            _log.warning("rolling back %d sink messages failed (%s)", len(self.prepared), exc)
+
+
+class ExactlyOnceSinks:
+    """A keyed attempt's exactly-once sinks: its transaction, and what it reads the sink
+    queues with when the previous owner's last step may be unended."""
+
+    def __init__(
+        self,
+        transaction: StepTransaction,
+        admin: OffsetQueries,
+        reader: RangeReader,
+        wait_s: float,
+    ) -> None:
+        self.transaction = transaction
+        self.seen = SeenIds(admin, reader)
+        self.wait_s = wait_s
+
+    def unseen(self, step: StepMessages | None) -> StepMessages | None:
+        """``step``'s messages no consumer sees yet (None: all seen, or no step)."""
+        if step is None:
+            return None
+        left = {
+            q: rest
+            for q, ids in step.queues.items()
+            if (rest := self.seen.unseen(q, step.born_ms, ids))
+        }
+        return StepMessages(step.born_ms, left) if left else None
+
+    def end(self, previous: StepMessages | None) -> bool:
+        """After the step's delta landed: the previous owners' unseen messages visible
+        first (the check-back commits them), then this step's, each queue in order.
+
+        Returns whether everything up to this step is seen. With nothing of its own,
+        the step does not wait: the previous messages stay in its delta and the next
+        step waits for them (its commit names them again).
+        """
+        if previous is not None and not self.transaction.prepared:
+            return False
+        if previous is not None:
+            await_visible(self.seen, previous, self.wait_s)
+        self.transaction.commit()
+        return True
+
+
+def unended(meta: StateMeta) -> StepMessages | None:
+    """The latest committed step's messages, if no commit of them by this store's process
+    is noted (the previous owner may have died before it ended them)."""
+    raw = meta.extra.get(TX)
+    if raw is None or meta.extra.get(TX_ENDED) == meta.seq:
+        return None
+    return StepMessages.from_wire(raw)
+
+
+class SeenIds:
+    """Which of a step's messages a consumer of a sink queue sees yet.
+
+    The first look reads back from the queue's end to the step's born time (a
+    committed message is stored when its commit is processed, after it was
+    prepared); later looks at the same step read only what was stored since, so
+    waiting for a step's messages, or answering many checks of one step, reads
+    each message once. Only the step's own ids are kept: one step per queue.
+    """
+
+    def __init__(self, admin: OffsetQueries, reader: RangeReader) -> None:
+        self.admin, self.reader = admin, reader
+        #: Per queue: the step's ids, the end read up to, which of them were seen.
+        self._read: dict[MessageQueue, tuple[frozenset[str], int, set[str]]] = {}
+
+    def unseen(self, queue: MessageQueue, born_ms: int, ids: list[str]) -> list[str]:
+        """``ids`` (one step's, prepared at ``born_ms``) not in ``queue`` yet, in order."""
+        wanted = frozenset(ids)
+        end = self.admin.max_offset(queue)
+        known = self._read.get(queue)
+        if known is None or known[0] != wanted:
+            found = self._back(queue, end, born_ms - _CLOCK_SKEW_MS, wanted)
+        else:
+            found = known[2]
+            for start in range(known[1], end, _SCAN_BATCH):
+                records = self.reader.pull(queue, start, min(_SCAN_BATCH, end - start)).records
+                found.update(r.msg_id for r in records if r.msg_id in wanted)
+        self._read[queue] = (wanted, end, found)
+        return [i for i in ids if i not in found]
+
+    def _back(self, queue: MessageQueue, end: int, floor: int, wanted: frozenset[str]) -> set[str]:
+        low = self.admin.min_offset(queue)
+        found: set[str] = set()
+        while end > low:
+            start = max(low, end - _SCAN_BATCH)
+            records = self.reader.pull(queue, start, end - start).records
+            found.update(r.msg_id for r in records if r.msg_id in wanted)
+            if not records or records[0].store_timestamp < floor:
+                break
+            end = start
+        return found
+
+
+def await_visible(seen: SeenIds, step: StepMessages, wait_s: float, poll_s: float = 0.25) -> None:
+    """Return once every message of ``step`` is visible (the check-back committed it);
+    TimeoutError after ``wait_s``, naming what is missing and what to check."""
+    deadline = time.monotonic() + wait_s
+    missing = dict(step.queues)
+    while True:
+        missing = {
+            q: left for q, ids in missing.items() if (left := seen.unseen(q, step.born_ms, ids))
+        }
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            sample = next(iter(missing.items()))
+            raise TimeoutError(
+                f"{sum(map(len, missing.values()))} exactly-once sink messages of the previous "
+                f"owner's last step are still not visible after {wait_s:.0f} s (e.g. "
+                f"{sample[0].topic}[{sample[0].queue_id}] on {sample[0].broker_name}: "
+                f"{sample[1][:3]}). The broker's check-back commits them: check that an "
+                "instance of the job runs (its driver answers the checks) and that the "
+                "broker's transactionCheckInterval is set (docs/guarantees.md)"
+            )
+        time.sleep(poll_s)

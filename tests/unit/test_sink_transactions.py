@@ -1,0 +1,261 @@
+"""Exactly-once sinks on the real per-queue core (TopologyTestDriver: real RocksDB, in-memory
+topics whose half messages stand in for the broker's).
+
+A plain reader of the sink sees each result once, in step order per queue, with no
+de-duplication: across a step whose delta never landed and across an owner that died
+between its delta and the end of its transaction, whose messages the check-back
+(answered from the state queue, as an instance answers it) commits. The expected
+counts come from the input, counted here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.plan.topology import Topology
+from stream_assets.rocketmq.records import OutgoingMessage
+from stream_assets.rocketmq.transaction_checks import TransactionCheck
+from stream_assets.rocketmq.transactions import Outcome, Prepared
+from stream_assets.runtime.core import sink_transactions
+from stream_assets.runtime.drive.sink_checks import resolve_from_state
+from stream_assets.testing import InMemoryBroker, TopologyTestDriver, _TopicView
+from tests.consumer_rule import plain_counts
+
+WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
+
+
+def _wordcount(exactly_once: bool = True) -> Topology:
+    builder = StreamBuilder("eos", exactly_once_sinks=exactly_once)
+    (
+        builder.source("lines", lambda body: body.decode())
+        .flat_map(str.split)
+        .key_by(str)
+        .count()
+        .to_rstream()
+        .sink("counts")
+    )
+    return builder.build()
+
+
+def _lines(seed: int, n: int) -> list[str]:
+    rnd = random.Random(seed)
+    return [" ".join(rnd.choices(WORDS, k=rnd.randint(1, 6))) for _ in range(n)]
+
+
+class CheckService:
+    """The broker's check-back over the in-memory half messages: every round, each half
+    message gets its answer from the state queue, as an instance's driver gives it."""
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        self.broker = broker
+        view = _TopicView(broker)
+        self.resolve = resolve_from_state(view, view)
+        self.answers: collections.Counter[Outcome] = collections.Counter()
+
+    def round(self) -> None:
+        # Latest first: a queue's order must hold whatever order the broker checks in.
+        for message, prepared in reversed(list(self.broker.half.values())):
+            outcome = self.resolve(TransactionCheck(prepared, message.properties or {}))
+            self.answers[outcome] += 1
+            if outcome is Outcome.COMMIT:
+                self.broker.commit([prepared])
+            elif outcome is Outcome.ROLLBACK:
+                self.broker.rollback([prepared])
+
+
+@contextlib.contextmanager
+def checking(service: CheckService) -> Iterator[None]:
+    """Check rounds in the background while the block runs, as the broker's service does."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(0.01):
+            service.round()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_results_are_seen_once_and_nothing_stays_prepared(tmp_path: Any) -> None:
+    lines = _lines(1, 300)
+    with TopologyTestDriver(
+        _wordcount(), state_dir=tmp_path, sink_queues=3, max_records_per_batch=7
+    ) as driver:
+        for line in lines:
+            driver.pipe(line)
+        driver.advance()
+        records = driver.output_records("counts")
+        assert not driver.broker.half
+    assert plain_counts(records) == collections.Counter(w for line in lines for w in line.split())
+
+
+def test_a_step_whose_delta_did_not_land_leaves_nothing_seen(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state record's send fails (unknown to the step whether it landed): no rollback
+    from the step; the retry's delta takes the offset, so the check-back rolls the
+    first attempt's messages back."""
+    lines = _lines(2, 120)
+    topology = _wordcount()
+    with TopologyTestDriver(topology, state_dir=tmp_path, sink_queues=2) as driver:
+        broker = driver.broker
+        real = broker.send_all
+        failed: list[int] = []
+
+        def send_all(messages: list[OutgoingMessage]) -> Any:
+            if not failed and any(m.topic in topology.state_topics for m in messages):
+                failed.append(len(broker.half))
+                raise ConnectionError("the broker went away")
+            return real(messages)
+
+        monkeypatch.setattr(broker, "send_all", send_all)
+        for line in lines:
+            driver.pipe(line)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        assert failed and failed[0] > 0 and broker.half, "the failed step prepared its results"
+        checks = CheckService(broker)
+        checks.round()  # nothing at its offset yet: asked again later
+        assert checks.answers == {Outcome.UNKNOWN: failed[0]}
+        driver.advance()  # the step again: its delta lands where the first one's would have
+        checks.round()
+        assert checks.answers[Outcome.ROLLBACK] == failed[0] and not broker.half
+        records = driver.output_records("counts")
+    assert plain_counts(records) == collections.Counter(w for line in lines for w in line.split())
+
+
+def test_an_owner_dead_between_its_delta_and_its_commit_is_followed_in_order(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a step's transaction fails after its delta landed (its owner died). The
+    next step claims the queue, the check-back commits the dead step's messages, and the
+    next step's own are seen only after them."""
+    first, second = _lines(3, 80), _lines(4, 80)
+    with TopologyTestDriver(_wordcount(), state_dir=tmp_path, sink_queues=2) as driver:
+        broker = driver.broker
+        real = broker.commit
+        monkeypatch.setattr(broker, "commit", _fail_once(real))
+        for line in first:
+            driver.pipe(line)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        stranded = len(broker.half)
+        assert stranded > 0
+        checks = CheckService(broker)
+        checks.round()
+        assert checks.answers == {Outcome.UNKNOWN: stranded}, "the latest step is its owner's"
+        driver.restore_state()  # a new owner: its store from the state topic
+        for line in second:
+            driver.pipe(line)
+        with checking(checks):
+            driver.advance()
+        assert not broker.half
+        assert checks.answers[Outcome.COMMIT] == stranded
+        records = driver.output_records("counts")
+    words = collections.Counter(w for line in first + second for w in line.split())
+    assert plain_counts(records) == words
+
+
+def test_a_claim_with_nothing_of_its_own_hands_the_wait_to_the_next_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new owner's first step replays what the dead one applied: no results of its
+    own, so it waits for nothing and names the dead step's messages again. The step after
+    it, with results for the same words, is seen only after the check-back committed
+    the dead step's."""
+    first, second = _lines(5, 60), _lines(6, 60)
+    with TopologyTestDriver(
+        _wordcount(), state_dir=tmp_path, sink_queues=1, shuffle_queues=1
+    ) as driver:
+        broker = driver.broker
+        monkeypatch.setattr(broker, "commit", _fail_once(broker.commit))
+        for line in first:
+            driver.pipe(line)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        stranded = set(broker.half)
+        driver.restore_state()
+        driver.advance()  # the replay: a claim, nothing of its own, no check-back yet
+        assert set(broker.half) == stranded
+        for line in second:
+            driver.pipe(line)
+        with checking(CheckService(broker)):
+            driver.advance()
+        assert not broker.half
+        records = driver.output_records("counts")
+    assert plain_counts(records) == collections.Counter(
+        w for line in first + second for w in line.split()
+    )
+
+
+def test_two_owners_dead_in_a_row_their_messages_are_seen_in_step_order(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner dies before ending its step; the next one claims the queue with results of
+    its own (its delta names both steps' messages) and dies waiting for the first step's.
+    The check-back, asked about the later step's messages first, commits each queue's in
+    step order, so every word's counts still rise."""
+    batches = [_lines(7 + i, 50) for i in range(3)]
+    with TopologyTestDriver(
+        _wordcount(), state_dir=tmp_path, sink_queues=1, shuffle_queues=1
+    ) as driver:
+        broker = driver.broker
+        monkeypatch.setattr(broker, "commit", _fail_once(broker.commit))
+        for line in batches[0]:
+            driver.pipe(line)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        driver.restore_state()
+
+        def killed_waiting(*_args: Any, **_kwargs: Any) -> None:
+            raise ConnectionError("killed while waiting for the previous step")
+
+        monkeypatch.setattr(sink_transactions, "await_visible", killed_waiting)
+        for line in batches[1]:
+            driver.pipe(line)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        monkeypatch.undo()
+        driver.restore_state()
+        for line in batches[2]:
+            driver.pipe(line)
+        checks = CheckService(broker)
+        with checking(checks):
+            driver.advance()
+        assert not broker.half
+        records = driver.output_records("counts")
+    assert plain_counts(records) == collections.Counter(
+        w for batch in batches for line in batch for w in line.split()
+    )
+
+
+def _fail_once(real: Any) -> Any:
+    calls: list[int] = []
+
+    def commit(prepared: list[Prepared]) -> None:
+        if not calls:
+            calls.append(1)
+            raise ConnectionError("killed before its commit")
+        real(prepared)
+
+    return commit
+
+
+def test_an_exactly_once_sink_before_any_aggregate_says_what_to_do() -> None:
+    builder = StreamBuilder("eos")
+    builder.source("lines", lambda body: body.decode()).sink("copies", exactly_once=True)
+    with pytest.raises(ValueError, match="before any aggregate"):
+        builder.build()
