@@ -155,7 +155,10 @@ class CheckResponder:
         beat_at = time.monotonic() + self._heartbeat_s
         while not self._stop.is_set():
             for key, _ in self._selector.select(timeout=0.2):
-                self._read(str(key.data))
+                try:
+                    self._read(str(key.data))
+                except Exception:  # never the end of answering: the broker asks again
+                    _log.exception("transaction checks of %s: reading %s", self.group, key.data)
             if time.monotonic() >= beat_at:
                 self._heartbeat()
                 beat_at = time.monotonic() + self._heartbeat_s
@@ -230,7 +233,11 @@ class CheckResponder:
             self._answer(addr, command)
 
     def _answer(self, addr: str, command: RemotingCommand) -> None:
-        check = _check_of(addr, command)
+        try:
+            check = _check_of(addr, command)
+        except Exception as exc:  # a header or body we cannot read: the broker asks again
+            _log.warning("transaction checks of %s: unreadable check (%s)", self.group, exc)
+            return
         try:
             outcome = self._resolve(check)
         except Exception:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import random
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from stream_assets.rocketmq.transactions import Outcome, Prepared
 from stream_assets.runtime.core import sink_transactions
 from stream_assets.runtime.drive.sink_checks import resolve_from_state
 from stream_assets.testing import InMemoryBroker, TopologyTestDriver, _TopicView
+from stream_assets.windows import Time, TumblingWindow
 from tests.consumer_rule import plain_counts
 
 WORDS = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen"]
@@ -240,6 +242,50 @@ def test_two_owners_dead_in_a_row_their_messages_are_seen_in_step_order(
     assert plain_counts(records) == collections.Counter(
         w for batch in batches for line in batch for w in line.split()
     )
+
+
+def test_windows_fired_by_a_step_whose_owner_died_are_each_seen_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A windowed sum: the step that fires the first windows dies before ending them; the
+    next owner fires the rest. A plain reader sees one result per window and key, each the
+    sum of its events."""
+    builder = StreamBuilder("eosw", exactly_once_sinks=True)
+    (
+        builder.source("events", json.loads)
+        .key_by(lambda e: e["key"])
+        .window(TumblingWindow.of(Time.seconds(10)))
+        .sum("v", "sum")
+        .to_rstream()
+        .sink("sums")
+    )
+    rnd = random.Random(8)
+    events = [(rnd.choice("abcd"), rnd.randint(1, 9), i * 250) for i in range(240)]
+    expected: collections.Counter[tuple[str, int]] = collections.Counter()
+    for key, value, ts in events:
+        expected[key, ts - ts % 10_000] += value
+    half = len(events) // 2
+    with TopologyTestDriver(
+        builder.build(), state_dir=tmp_path, source_queues=1, shuffle_queues=1
+    ) as driver:
+        broker = driver.broker
+        monkeypatch.setattr(broker, "commit", _fail_once(broker.commit))
+        for key, value, ts in events[:half]:
+            driver.pipe({"key": key, "v": value}, event_time=ts)
+        with pytest.raises(ConnectionError):
+            driver.advance()  # the watermark fired the first windows: not ended
+        assert broker.half
+        driver.restore_state()
+        for key, value, ts in events[half:]:
+            driver.pipe({"key": key, "v": value}, event_time=ts)
+        with checking(CheckService(broker)):
+            driver.advance_idle()
+        assert not broker.half
+        records = driver.output_records("sums")
+    results = [json.loads(r.body) for r in records]
+    windows = [(o["key"], o["window_start"]) for o in results]
+    assert len(windows) == len(set(windows)), "a window's result was seen twice"
+    assert {(o["key"], o["window_start"]): o["sum"] for o in results} == dict(expected)
 
 
 def _fail_once(real: Any) -> Any:
