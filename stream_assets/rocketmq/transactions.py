@@ -56,6 +56,16 @@ PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 #: sysFlag bit (MessageSysFlag) of a prepared message.
 _PREPARED = 4
+#: A half message's window for its producer's end (MessageConst): the broker refuses
+#: a producer's commit or rollback after it (ILLEGAL_OPERATION) and checks it only
+#: after it, so the producer and the check-back never both commit it.
+PROPERTY_END_WINDOW = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+_ILLEGAL_OPERATION = 604
+
+
+class EndWindowClosedError(SendError):
+    """The broker refused an end of transaction that came after the message's window
+    (:data:`PROPERTY_END_WINDOW`): from now on only its check-back decides it."""
 
 
 class Outcome(IntEnum):
@@ -227,7 +237,8 @@ class TransactionalSender:
             for p, reply in zip(ends, self._call(addr, requests), strict=True):
                 if reply.code != 0:
                     what = "commit" if outcome == Outcome.COMMIT else "rollback"
-                    raise SendError(
+                    late = reply.code == _ILLEGAL_OPERATION
+                    raise (EndWindowClosedError if late else SendError)(
                         f"{what} of {p.msg_id} ({p.topic} queue {p.queue_id} on "
                         f"{p.broker_name}) refused: {_said(reply)}"
                     )

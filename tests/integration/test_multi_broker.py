@@ -518,7 +518,10 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---
 
 
-@pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
+# Micro-batch only (the default mode), for CI's hour: the real-time task's driver runs the
+# same per-queue core, and is proven on this cluster by the join failover and the
+# vectorised WordCount with a worker killed (test_cluster.py).
+@pytest.mark.parametrize("mode", ["micro-batch"])
 def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_worker_killed(
     spark_cluster: SparkCluster,  # noqa: F811
     cluster_admin: RocketMQAdmin,
