@@ -47,7 +47,7 @@ from stream_assets.rocketmq.batch_producer import (
     own_properties,
 )
 from stream_assets.rocketmq.errors import SendError
-from stream_assets.rocketmq.message_codec import PROPERTY_UNIQ_KEY
+from stream_assets.rocketmq.message_codec import PROPERTY_UNIQ_KEY, encode_properties
 from stream_assets.rocketmq.records import OutgoingMessage, checked_body
 from stream_assets.rocketmq.remoting import RemotingCommand, RequestCode
 
@@ -143,17 +143,18 @@ class TransactionalSender:
         born = str(int(time.time() * 1000))
         by_addr: dict[str, list[tuple[int, tuple[int, dict[str, str], bytes]]]] = {}
         places = []
-        shared = "".join(f"{k}\x01{v}\x02" for k, v in (properties or {}).items())
         for position, message in enumerate(messages):
             m = check_message(message, limit)
             body = checked_body(m.topic, m.body, limit)
             index, broker, addr, queue_id = self.producer.place(m)
             msg_id = self.producer.next_msg_id()
-            wire_properties = own_properties(m).decode() + (
-                f"{PROPERTY_TRANSACTION_PREPARED}\x01true\x02"
-                f"{PROPERTY_PRODUCER_GROUP}\x01{self.group}\x02"
-                f"{PROPERTY_UNIQ_KEY}\x01{msg_id}\x02{shared}"
-            )
+            half = {
+                PROPERTY_TRANSACTION_PREPARED: "true",
+                PROPERTY_PRODUCER_GROUP: self.group,
+                PROPERTY_UNIQ_KEY: msg_id,
+                **(properties or {}),
+            }
+            wire_properties = own_properties(m).decode() + encode_properties(half)
             fields = {
                 "a": self.group,
                 "b": m.topic,
