@@ -72,7 +72,7 @@ from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
 from stream_assets.rocketmq.tags import TagFilter
-from stream_assets.rocketmq.transactions import Prepared
+from stream_assets.rocketmq.transactions import EndWindowClosedError, Prepared
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed import read_key_state
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
@@ -174,6 +174,8 @@ class InMemoryBroker:
         self._unflushed: list[SendReceipt] = []
         #: Prepared (half) messages of exactly-once sinks, not yet committed or rolled back.
         self.half: dict[str, tuple[OutgoingMessage, Prepared]] = {}
+        #: Half messages past their end window: only a check-back's answer ends them.
+        self.windows_closed: set[str] = set()
         self._half_ids = itertools.count(1)
 
     def create_topic(self, name: str, queues: int) -> InMemoryTopic:
@@ -269,12 +271,22 @@ class InMemoryBroker:
             prepared.append(handle)
         return prepared
 
-    def commit(self, prepared: Sequence[Prepared]) -> None:
+    def close_end_windows(self) -> None:
+        """Let the end window of every half message held now pass, as time does at a
+        broker: their producer's commit or rollback is refused from now on, and only
+        the answer to a check-back (``from_check=True``) ends them."""
+        self.windows_closed |= set(self.half)
+
+    def commit(self, prepared: Sequence[Prepared], *, from_check: bool = False) -> None:
         """Store prepared messages in their queues, in the order given, stamped with the
-        wall clock as a broker stamps them (a new owner looks for them by that time)."""
+        wall clock as a broker stamps them (a new owner looks for them by that time).
+        Raises EndWindowClosedError at the first one past its window (not from a check),
+        the ones before it committed."""
         now = int(time.time() * 1000)
         for p in prepared:
+            self._check_window(p, from_check)
             m, held = self.half.pop(p.msg_id)
+            self.windows_closed.discard(p.msg_id)
             self.append(
                 m.topic,
                 m.body,
@@ -286,10 +298,16 @@ class InMemoryBroker:
                 msg_id=p.msg_id,
             )
 
-    def rollback(self, prepared: Sequence[Prepared]) -> None:
-        """Drop prepared messages."""
+    def rollback(self, prepared: Sequence[Prepared], *, from_check: bool = False) -> None:
+        """Drop prepared messages (refused past the window as :meth:`commit` is)."""
         for p in prepared:
+            self._check_window(p, from_check)
             self.half.pop(p.msg_id, None)
+            self.windows_closed.discard(p.msg_id)
+
+    def _check_window(self, p: Prepared, from_check: bool) -> None:
+        if p.msg_id in self.windows_closed and not from_check:
+            raise EndWindowClosedError(f"end of {p.msg_id} refused: past its end window")
 
     def _choose(self, topic: str, queue_id: int | None, chooser: str | None) -> int:
         def turn() -> int:
@@ -896,6 +914,9 @@ class TopologyTestDriver:
             input_queue=view.queue(stage.input_topic, queue_id),
             sender=lambda tx: SendBuffer(self.broker, transaction=tx),
             sink_port=self.broker,
+            # The test's own check-back commits a dead owner's messages at once (a
+            # broker takes 20-25 s): a test without one fails soon, not in minutes.
+            sink_wait_s=10.0,
         )
 
     def _restore(self, stage: Stage, queue_id: int, store: QueueStateStore) -> RestoreResult:

@@ -12,9 +12,10 @@ answers, so any process can, whatever it remembers (docs/notes/transactions.md,
   of the delta): the step may still land.
 - :attr:`StepFate.VOID`: another write holds ``at`` (or one of its parts'
   offsets): this step never lands; its replay prepared output of its own.
-- :attr:`StepFate.LANDED_LAST`: the step's delta is whole, and no later commit
-  followed it: its owner is ending the transactions, or the next owner will.
-- :attr:`StepFate.LANDED`: whole, and a later commit exists.
+- :attr:`StepFate.LANDED`: the step's delta is whole. Whether a later commit
+  followed does not matter: the broker asks only after the step's end window
+  (:data:`~stream_assets.runtime.core.sink_transactions.END_WINDOW_S`), when
+  its owner can no longer end the step itself.
 
 Example::
 
@@ -32,7 +33,6 @@ from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.state.meta import StateMeta
 from stream_assets.state.ports import OffsetQueries, RangeReader
 from stream_assets.state.records import Delta, decode_record, is_void, join_delta_parts
-from stream_assets.state.restore import last_record
 
 #: The message property of an exactly-once sink's message that names its step.
 PROPERTY_STEP = "SA_STEP"
@@ -44,7 +44,6 @@ class StepFate(Enum):
 
     PENDING = "pending"
     VOID = "void"
-    LANDED_LAST = "landed-last"
     LANDED = "landed"
 
 
@@ -93,8 +92,7 @@ def step_fate(
 ) -> StepRead:
     """What ``queue`` (the state queue of ``tag.queue_id``) says of the step ``tag`` names.
 
-    Reads the message at ``tag.at`` (and the delta's other parts), then the
-    queue's last valid record.
+    Reads the message at ``tag.at`` (and the delta's other parts).
     """
     end = admin.max_offset(queue)
     if end <= tag.at:
@@ -109,9 +107,7 @@ def step_fate(
             return StepRead(StepFate.VOID)
         parts.append(record)
     meta = parts[0].meta if len(parts) == 1 else join_delta_parts(parts)[1]
-    last, _, _ = last_record(admin, reader, queue)
-    later = last is not None and last.seq > parts[0].seq
-    return StepRead(StepFate.LANDED if later else StepFate.LANDED_LAST, meta)
+    return StepRead(StepFate.LANDED, meta)
 
 
 def _record_at(reader: RangeReader, queue: MessageQueue, offset: int) -> object | None:

@@ -683,7 +683,7 @@ def test_kill_9s_mid_step_then_restart_an_exactly_once_sink_is_seen_once_in_orde
     again.await_caught_up(CATCH_UP_S)
     expected = dict(_word_reference(lines))
     # The last killed step's messages, if it died before ending them, are committed by
-    # the broker's check-back (answered by this instance) once this one claimed the queue.
+    # the broker's check-back (answered by this instance) once their end window closed.
     wait_until(lambda: final_counts(read_topic(admin, sink)) == expected, 120, "every count seen")
     records = read_topic(admin, sink)
     assert plain_counts(records) == expected

@@ -63,7 +63,7 @@ pytestmark = pytest.mark.integration
 TICK_S = 2  # the sensors' interval here
 HEARTBEAT_TIMEOUT_S = 20
 #: How long the restarted code server takes to load its code in the last test.
-SLOW_LOAD_S = 60
+SLOW_LOAD_S = 40
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import uuid
 
 import pytest
@@ -23,7 +24,12 @@ from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import Record
 from stream_assets.rocketmq.transaction_checks import CheckResponder, TransactionCheck
-from stream_assets.rocketmq.transactions import Outcome, TransactionalSender
+from stream_assets.rocketmq.transactions import (
+    PROPERTY_END_WINDOW,
+    EndWindowClosedError,
+    Outcome,
+    TransactionalSender,
+)
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import wait_until
 
@@ -152,3 +158,43 @@ def test_a_dead_producers_transactions_are_resolved_by_the_check_back_of_another
     seen = visible()
     assert sorted(seen) == sorted(landed), "a rolled-back message became visible, or one twice"
     assert all(outcome == Outcome.ROLLBACK for m in rolled_back for outcome, _ in answers[m])
+
+
+def test_past_its_end_window_only_the_check_back_ends_a_message(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
+    """What exactly-once sinks build on (``END_WINDOW_S``): with CHECK_IMMUNITY_TIME_IN_SECONDS
+    on a half message, the broker refuses its producer's end once the window has passed,
+    and asks the group about it only after the window; the check's commit makes it
+    visible, once. The window is the broker's minimum here (its transactionTimeOut, 6 s on
+    the brokers stream-assets starts): the premise is time passing, so the test waits it."""
+    topic = f"it-txw-{uuid.uuid4().hex[:8]}"
+    group = f"it-txw-group-{uuid.uuid4().hex[:6]}"
+    admin.create_topic(topic, QUEUES)
+    window_s = 6
+    messages = [OutgoingMessage(topic, f"w{i}".encode(), key=f"k{i}") for i in range(6)]
+    checked_at: list[float] = []
+
+    def resolve(check: TransactionCheck) -> Outcome:
+        checked_at.append(time.time())
+        return Outcome.COMMIT
+
+    with (
+        CheckResponder(client_settings, group, resolve),
+        BatchProducer(client_settings) as producer,
+    ):
+        sender = TransactionalSender(producer, group)
+        born = time.time()
+        prepared = sender.prepare(messages, {PROPERTY_END_WINDOW: str(window_s)})
+        time.sleep(window_s + 1.5)
+        with pytest.raises(EndWindowClosedError):
+            sender.commit(prepared)
+        ids = {p.msg_id for p in prepared}
+        wait_until(
+            lambda: (
+                sorted(r.msg_id for rs in _stored(admin, topic).values() for r in rs) == sorted(ids)
+            ),
+            60,
+            "the checked messages visible",
+        )
+    assert min(checked_at) >= born + window_s, "asked before the window closed"

@@ -46,8 +46,7 @@ class StateQueue:
 
     def fate(self, tag: StepTag) -> StepFate:
         read = step_fate(self, self, QUEUE, tag)
-        landed = read.fate in (StepFate.LANDED, StepFate.LANDED_LAST)
-        assert (read.meta is not None) == landed
+        assert (read.meta is not None) == (read.fate is StepFate.LANDED)
         assert read.meta is None or read.meta.seq == self.seq_at(tag.at)
         return read.fate
 
@@ -62,15 +61,15 @@ def test_a_step_before_its_delta_is_stored_is_pending() -> None:
     assert q.fate(StepTag(QUEUE.topic, 3, 1, OURS)) is StepFate.PENDING
 
 
-def test_a_landed_step_is_the_last_until_a_later_commit_follows_even_past_a_snapshot() -> None:
+def test_a_landed_step_stays_landed_past_snapshots_and_later_commits() -> None:
     q = StateQueue()
     q.bodies += q.delta(1, OURS, 0)
     tag = StepTag(QUEUE.topic, 3, 0, OURS)
-    assert q.fate(tag) is StepFate.LANDED_LAST
+    assert q.fate(tag) is StepFate.LANDED
     q.bodies.append(encode_snap_begin(1, b"\x09" * 8, None, StateMeta(seq=1), at=1))
-    assert q.fate(tag) is StepFate.LANDED_LAST, "a snapshot of the same seq is no later commit"
     q.bodies += q.delta(2, THEIRS, 2)
     assert q.fate(tag) is StepFate.LANDED
+    assert q.fate(StepTag(QUEUE.topic, 3, 2, OURS)) is StepFate.VOID, "another's write at 2"
 
 
 def test_another_write_at_the_offset_makes_the_step_void_even_if_ours_landed_after_it() -> None:
@@ -89,7 +88,7 @@ def test_a_delta_in_parts_lands_only_whole() -> None:
     q.bodies += parts[:2]
     assert q.fate(tag) is StepFate.PENDING, "the writer may still be sending the rest"
     q.bodies += parts[2:]
-    assert q.fate(tag) is StepFate.LANDED_LAST
+    assert q.fate(tag) is StepFate.LANDED
     torn = StateQueue()
     torn.bodies += parts[:2] + torn.delta(1, THEIRS, 2)  # the writer died mid-way
     assert torn.fate(tag) is StepFate.VOID

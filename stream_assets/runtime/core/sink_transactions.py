@@ -13,12 +13,13 @@ A keyed step with ``sink(..., exactly_once=True)`` (docs/notes/transactions.md,
 4. then commits the half messages, each key's in order, and notes locally
    that it did (``tx_ended``), as the outbox's ``outbox_sent``.
 
-A step that does not commit rolls back what it prepared. An owner that died
-between 3 and 4 leaves them to the broker's check-back, which the state
-queue answers (:mod:`~stream_assets.runtime.drive.sink_checks`); the queue's
-next owner waits until they are visible before it ends its own
-(:func:`await_visible`), so every sink queue keeps step order, and never ends
-another owner's messages itself, so each message has one committer.
+A step that does not commit rolls back what it prepared. A step not ended
+within :data:`END_WINDOW_S` (its owner died, or was that slow) is the broker's
+check-back's to end, which the state queue answers
+(:mod:`~stream_assets.runtime.drive.sink_checks`); the queue's next step waits
+until those messages are visible before it starts
+(:meth:`ExactlyOnceSinks.await_previous`), so every key keeps step order, and
+never ends them itself, so each message has one committer.
 
 Example::
 
@@ -89,16 +90,6 @@ class StepMessages:
         rows = [[q.topic, q.broker_name, q.queue_id, ids] for q, ids in self.queues.items()]
         return [_WIRE_VERSION, self.born_ms, rows]
 
-    @staticmethod
-    def merged(first: StepMessages | None, then: StepMessages | None) -> StepMessages | None:
-        """``first``'s messages, then ``then``'s, per queue (either may be None)."""
-        if first is None or then is None:
-            return first or then
-        queues = {q: list(ids) for q, ids in first.queues.items()}
-        for q, ids in then.queues.items():
-            queues.setdefault(q, []).extend(ids)
-        return StepMessages(min(first.born_ms, then.born_ms), queues)
-
     @classmethod
     def from_wire(cls, raw: list[Any]) -> StepMessages:
         """Parse :meth:`to_wire`; ValueError for another version."""
@@ -156,7 +147,7 @@ class StepTransaction:
 
 class ExactlyOnceSinks:
     """A keyed attempt's exactly-once sinks: its transaction, and what it reads the sink
-    queues with when the previous owner's last step may be unended."""
+    queues with when the previous step may be unended."""
 
     def __init__(
         self,
@@ -169,34 +160,29 @@ class ExactlyOnceSinks:
         self.seen = SeenIds(admin, reader)
         self.wait_s = wait_s
 
-    def unseen(self, step: StepMessages | None) -> StepMessages | None:
-        """``step``'s messages no consumer sees yet (None: all seen, or no step)."""
-        if step is None:
-            return None
-        left = {
-            q: rest
-            for q, ids in step.queues.items()
-            if (rest := self.seen.unseen(q, step.born_ms, ids))
-        }
-        return StepMessages(step.born_ms, left) if left else None
+    def await_previous(self, meta: StateMeta) -> bool:
+        """Before a step: return once the previous step's messages are all visible; True
+        if they were not known to be (note it: :data:`TX_ENDED`, so later steps do not
+        look again).
 
-    def end(self, previous: StepMessages | None) -> bool:
-        """After the step's delta landed: the previous owners' unseen messages visible
-        first (the check-back commits them), then this step's, each queue in order.
-
-        Returns whether everything up to this step is seen. With nothing of its own,
-        the step does not wait: the previous messages stay in its delta and the next
-        step waits for them (its commit names them again).
+        Its owner may have died between its delta and its end, or ended it too late
+        (past :data:`END_WINDOW_S`): the check-back commits them then, so the wait is
+        at most about the window plus one check interval after they were prepared.
+        A key's results are therefore seen in step order without the step ever ending
+        another step's messages.
         """
-        if previous is not None and not self.transaction.prepared:
+        step = unended(meta)
+        if step is None:
             return False
-        if previous is not None:
-            await_visible(self.seen, previous, self.wait_s)
+        await_visible(self.seen, step, self.wait_s)
+        return True
+
+    def end(self) -> bool:
+        """After the step's delta landed: make its messages visible. Returns False if the
+        broker refused (past the window): its check-back commits the rest then."""
         try:
             self.transaction.commit()
         except EndWindowClosedError as exc:
-            # Past the window: the check-back commits the rest once a later step claims
-            # the queue, and the next step waits for them (its delta names them).
             _log.warning("%s; the broker's check-back commits the step's other messages", exc)
             return False
         return True
@@ -269,7 +255,7 @@ def await_visible(seen: SeenIds, step: StepMessages, wait_s: float, poll_s: floa
             sample = next(iter(missing.items()))
             raise TimeoutError(
                 f"{sum(map(len, missing.values()))} exactly-once sink messages of the previous "
-                f"owner's last step are still not visible after {wait_s:.0f} s (e.g. "
+                f"step are still not visible after {wait_s:.0f} s (e.g. "
                 f"{sample[0].topic}[{sample[0].queue_id}] on {sample[0].broker_name}: "
                 f"{sample[1][:3]}). The broker's check-back commits them: check that an "
                 "instance of the job runs (its driver answers the checks) and that the "

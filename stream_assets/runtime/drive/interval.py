@@ -39,7 +39,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stream_assets.rocketmq.errors import BrokerUnreachableError, RemotingError
 from stream_assets.runtime.core.context import TaskStats
 from stream_assets.runtime.drive.channel import ChannelClient
 from stream_assets.runtime.drive.clients import admin_for
@@ -47,13 +46,15 @@ from stream_assets.runtime.drive.held_sends import HeldSends
 from stream_assets.runtime.drive.planning import (
     StageOptions,
     StagePlanner,
-    by_group,
     combine_bounds,
 )
 from stream_assets.runtime.drive.queues import TaskContext, run_range
 
 #: The first wait when nothing arrived; it doubles up to the plan's ``idle_poll_s``.
 _FIRST_WAIT_S = 0.001
+#: A position's entry for the ends stage 0 planned, per queue: the next interval's
+#: combine bounds never go below them.
+PLANNED = "planned"
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,10 @@ class _Task:
 
     def resume(self) -> None:
         """Start from what the group committed where that is later than the plan (a retry),
-        with stage 0's combine bounds as the planned ends now say. A broker group that is
-        down keeps its queues where the plan has them, and its source queues go per
-        record (their bounds unknown)."""
+        with stage 0's combine bounds as the planned ends now say, never below the ends
+        the last interval planned (carried in the plan: a master's successor may hold an
+        older copy). A broker group that is down keeps its queues where the plan has
+        them, and its source queues go per record (their bounds unknown)."""
         for index, planner in self.planners.items():
             committed = planner.committed_where_reachable()
             at = self.positions[index]
@@ -138,25 +140,29 @@ class _Task:
             ctx = self.contexts[index]
             stage = ctx.stage.stage
             if stage.source is not None and planner.opts.planned_group:
+                planner.remember_planned(at.get(PLANNED, {}))
+                known = planner.planned_ends()
+                bounds = tuple(
+                    (q, max(bound, known.get(planner.key_of(q), -1)))
+                    for q, bound in self._bounds(index)
+                )
                 self.contexts[index] = dataclasses.replace(
-                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=self._bounds(index))
+                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=bounds)
                 )
 
     def _bounds(self, index: int) -> tuple[tuple[int, int], ...]:
         ctx, planner = self.contexts[index], self.planners[index]
         topic = ctx.stage.stage.input_topic
         layout = planner.opts.layouts[topic]
-        admin = admin_for(ctx.rocketmq)
         indices = planner.opts.queues if planner.opts.queues is not None else range(len(layout))
-        bounds: list[tuple[int, int]] = []
-        for on_broker in by_group([layout.queue(q) for q in indices]).values():
-            try:
-                bounds += combine_bounds(
-                    admin, topic, layout, self.plan.group, self.plan.planned_group, on_broker
-                )
-            except (BrokerUnreachableError, RemotingError):
-                continue
-        return tuple(bounds)
+        return combine_bounds(
+            admin_for(ctx.rocketmq),
+            topic,
+            layout,
+            self.plan.group,
+            self.plan.planned_group,
+            [layout.queue(q) for q in indices],
+        )
 
     def step(self, client: ChannelClient) -> tuple[list[dict[str, Any]], bool]:
         """One step of every stage: the stats rows, and whether any record was read."""
@@ -189,6 +195,9 @@ class _Task:
             held = self.held.held_from((index, queue_id))
             assert held is not None
             self.positions[index]["q"][self.planners[index].key_of(queue_id)] = held
+        for index, planner in self.planners.items():
+            if planner.opts.planned_group:
+                self.positions[index][PLANNED] = planner.planned_ends()
         return rows
 
     def _cleared(self, queue: tuple[int, int]) -> dict[str, Any]:

@@ -178,6 +178,17 @@ class StagePlanner:
         """The position key of this stage's queue of index ``queue_index``."""
         return self._key(self._layout.queue(queue_index))
 
+    def planned_ends(self) -> dict[str, int]:
+        """Per queue (position key), the highest batch end planned that this planner knows."""
+        return dict(self._planned)
+
+    def remember_planned(self, ends: Mapping[str, int]) -> None:
+        """Take ``ends`` an earlier planner of the stage recorded: a planned end never goes
+        down, yet a slave promoted since may hold an older copy of them (a slave syncs
+        consumer offsets every few seconds)."""
+        for key, end in ends.items():
+            self._planned[key] = max(int(end), self._planned.get(key, -1))
+
     def committed_where_reachable(self) -> dict[str, int]:
         """The committed offsets of the queues whose broker group answers now.
 
@@ -395,16 +406,23 @@ def combine_bounds(
     that end records go per record. Where no end was ever planned, a group
     that never committed sent nothing (combine everything); one that
     committed without planned ends (an older version) is bounded only by
-    the queue's end now.
+    the queue's end now. The planned ends are the master's: a slave's copy
+    may be a sync interval old, and a bound too low pre-combines records
+    already sent (their counts doubled), so a group without a master now
+    goes per record.
     """
     wanted = layout.queues if queues is None else queues
-    ends = admin.topic_offsets(topic, wanted)
-    planned = admin.group_offsets(planned_group, topic, wanted)
-    committed = admin.group_offsets(group, topic, wanted)
     out = []
-    for queue, offsets in ends.items():
-        bound = planned.get(queue)
-        if bound is None:
-            bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
-        out.append((layout.index(queue), bound))
+    for on_broker in by_group(list(wanted)).values():
+        try:
+            planned = admin.group_offsets(planned_group, topic, on_broker, from_master=True)
+            ends = admin.topic_offsets(topic, on_broker)
+            committed = admin.group_offsets(group, topic, on_broker)
+        except (BrokerUnreachableError, RemotingError):
+            continue
+        for queue, offsets in ends.items():
+            bound = planned.get(queue)
+            if bound is None:
+                bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
+            out.append((layout.index(queue), bound))
     return tuple(out)

@@ -6,16 +6,15 @@ every master, so the broker may ask any of them about a half message whose
 step's owner never ended it. The answer comes from the state queue the
 message's ``SA_STEP`` names (:func:`~stream_assets.state.step_fate.step_fate`),
 never from memory, so any instance answers alike (docs/notes/transactions.md,
-"Design of the exactly-once sink"):
+"Design of the exactly-once sink"). The broker asks only after a message's end
+window (``END_WINDOW_S``), when its step's owner can no longer end it: from then
+on the check-back alone decides it.
 
-- the step's delta has not landed yet, or is its queue's latest commit:
-  **unknown** (the broker asks again): its owner ends it, or the next owner's
-  first commit makes it no longer the latest;
+- the step's delta has not landed yet: **unknown** (the broker asks again);
 - another write holds the step's offset: **rollback** (the step never landed);
-- landed, and a later commit followed: **commit** if no consumer sees it yet
-  and every message before it in its sink queue (by the delta's record) is
-  seen; **rollback** if it is already seen (a check of a copy whose commit the
-  broker had not yet recorded: the committed message stays).
+- landed: **commit** if no consumer sees it yet; **rollback** if one does (a
+  check of a copy whose commit the broker had not yet recorded: the committed
+  message stays).
 
 Example::
 
@@ -25,7 +24,9 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import logging
+from dataclasses import dataclass
 
 from stream_assets.plan.names import sink_transaction_group
 from stream_assets.plan.topology import Topology
@@ -37,22 +38,37 @@ from stream_assets.runtime.core.sink_transactions import TX, SeenIds, StepMessag
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.ports import RangeReader, StateTopicAdmin
 from stream_assets.state.restore import state_queue
-from stream_assets.state.step_fate import PROPERTY_STEP, StepFate, StepTag, step_fate
+from stream_assets.state.step_fate import PROPERTY_STEP, StepFate, StepRead, StepTag, step_fate
 
 _log = logging.getLogger(__name__)
+#: Settled steps' fates kept per instance (a step's messages are checked together).
+_SETTLED_KEPT = 1024
 
 
 def resolve_from_state(admin: StateTopicAdmin, reader: RangeReader) -> Resolve:
     """A check's answer, from the state queue its message names (see the module doc)."""
     sink_reads = SeenIds(admin, reader)
+    # A landed or void step stays so: its other messages' checks need no read.
+    settled: collections.OrderedDict[str, StepRead] = collections.OrderedDict()
+
+    def fate(raw: str) -> StepRead:
+        if raw in settled:
+            settled.move_to_end(raw)
+            return settled[raw]
+        tag = StepTag.decode(raw)
+        read = step_fate(admin, reader, state_queue(admin, tag.state_topic, tag.queue_id), tag)
+        if read.fate is not StepFate.PENDING:
+            settled[raw] = read
+            if len(settled) > _SETTLED_KEPT:
+                settled.popitem(last=False)
+        return read
 
     def resolve(check: TransactionCheck) -> Outcome:
         raw = check.properties.get(PROPERTY_STEP)
         if raw is None:  # not an engine step's message: someone else's in our group
             _log.warning("a checked half message names no step (%s)", check.prepared.msg_id)
             return Outcome.UNKNOWN
-        tag = StepTag.decode(raw)
-        read = step_fate(admin, reader, state_queue(admin, tag.state_topic, tag.queue_id), tag)
+        read = fate(raw)
         if read.fate is StepFate.VOID:
             return Outcome.ROLLBACK
         if read.fate is not StepFate.LANDED or read.meta is None or TX not in read.meta.extra:
@@ -63,18 +79,31 @@ def resolve_from_state(admin: StateTopicAdmin, reader: RangeReader) -> Resolve:
         ids = step.queues.get(queue, [])
         if p.msg_id not in ids:
             return Outcome.UNKNOWN  # not the step's: the state queue cannot say
+        # One message per result in a step, and the next step waits for these: any
+        # order among them keeps each key's.
         unseen = sink_reads.unseen(queue, step.born_ms, ids)
-        if p.msg_id not in unseen:
-            return Outcome.ROLLBACK
-        # The queue's order: an earlier message of it first (its check commits it).
-        return Outcome.COMMIT if unseen[0] == p.msg_id else Outcome.UNKNOWN
+        return Outcome.COMMIT if p.msg_id in unseen else Outcome.ROLLBACK
 
     return resolve
 
 
+@dataclass
+class SinkChecks:
+    """An instance's answers to the checks: the responder and the reader it answers with."""
+
+    responder: CheckResponder
+    reader: QueueReader
+
+    def close(self) -> None:
+        """Stop answering (the broker asks the group's other producers) and let go of the
+        reader."""
+        self.responder.close()
+        self.reader.close()
+
+
 def start_sink_checks(
     topology: Topology, settings: RocketMQSettings, admin: RocketMQAdmin, group: str
-) -> CheckResponder | None:
+) -> SinkChecks | None:
     """Answer the broker's checks of ``topology``'s exactly-once sinks (None: it has none).
 
     ``group`` names this instance's reader of state and sink queues to the broker.
@@ -83,4 +112,9 @@ def start_sink_checks(
         return None
     reader = QueueReader(admin, f"{group}-sink-checks")
     resolve = resolve_from_state(admin, reader)
-    return CheckResponder(settings, sink_transaction_group(topology.job_id), resolve).start()
+    try:
+        responder = CheckResponder(settings, sink_transaction_group(topology.job_id), resolve)
+        return SinkChecks(responder.start(), reader)
+    except BaseException:
+        reader.close()
+        raise

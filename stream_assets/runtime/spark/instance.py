@@ -42,7 +42,6 @@ from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.rocketmq.provision import provision_topics, upgrade_topology
 from stream_assets.rocketmq.reader import QueueReader
-from stream_assets.rocketmq.transaction_checks import CheckResponder
 from stream_assets.runtime.core.context import STATS_DDL, StageContext
 from stream_assets.runtime.drive.broker_watch import BrokerWatch, Outages
 from stream_assets.runtime.drive.offset_commits import OffsetCommits
@@ -54,7 +53,7 @@ from stream_assets.runtime.drive.prometheus import (
     endpoint_port,
 )
 from stream_assets.runtime.drive.queues import TaskContext
-from stream_assets.runtime.drive.sink_checks import start_sink_checks
+from stream_assets.runtime.drive.sink_checks import SinkChecks, start_sink_checks
 from stream_assets.runtime.drive.store_handles import release_job_stores
 from stream_assets.runtime.drive.user_code import ship_user_code
 from stream_assets.runtime.drive.warm_up import warm_queues
@@ -203,7 +202,7 @@ class Instance:
         # committed after every batch and lag is polled often.
         self._admin_obj: RocketMQAdmin | None = None
         #: Answers the broker's checks of exactly-once sink messages (None: no such sink).
-        self._sink_checks: CheckResponder | None = None
+        self._sink_checks: SinkChecks | None = None
         self._source_queues: dict[str, tuple[int, ...]] = {}
         #: Who commits state: recorded with every changelog write of this instance.
         self.writer = f"{topology.job_id}:g{generation}:{uuid.uuid4().hex[:12]}"

@@ -36,7 +36,7 @@ from typing import Any
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.runtime.drive.channel import ChannelServer
-from stream_assets.runtime.drive.interval import IntervalPlan, run_interval
+from stream_assets.runtime.drive.interval import PLANNED, IntervalPlan, run_interval
 from stream_assets.runtime.drive.outage import OutagePolicy
 from stream_assets.runtime.drive.planning import StageOptions, StagePlanner, position_key
 from stream_assets.runtime.drive.queues import TaskContext
@@ -145,6 +145,9 @@ class RealTimeQuery:
                         merged = self._positions[index]
                         merged["q"] = {**merged["q"], **at["q"]}
                         merged["tick"] = max(int(merged.get("tick", 0)), int(at.get("tick", 0)))
+                        planned = merged.setdefault(PLANNED, {})
+                        for key, end in at.get(PLANNED, {}).items():
+                            planned[key] = max(int(end), int(planned.get(key, -1)))
         except BaseException as exc:
             if not self._stopping.is_set():
                 self._error = exc

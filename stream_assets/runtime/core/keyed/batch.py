@@ -55,8 +55,6 @@ from stream_assets.runtime.core.sink_transactions import (
     TX,
     TX_ENDED,
     ExactlyOnceSinks,
-    StepMessages,
-    unended,
 )
 from stream_assets.serde.packing import pack
 from stream_assets.state import layout as lay
@@ -131,11 +129,10 @@ class _QueueBatch:
         self.ctx, self.head, self.queue_id = ctx, head, queue_id
         self.store, self.sender, self.stats = store, sender, stats
         self.sinks = sinks
-        # The previous owner may have died between its last delta and the end of its
-        # transaction: while some of those messages are unseen, each step claims the
-        # queue (a commit, input or not), which lets the check-back commit them, and
-        # ends its own only after them.
-        self.previous = sinks.unseen(unended(store.meta)) if sinks is not None else None
+        # The previous step's owner may have died before it ended the step: a key's
+        # results stay in step order if that step's are seen before this one's.
+        if sinks is not None and sinks.await_previous(store.meta):
+            self._note_sinks_ended()
         self.meta = meta = store.next_meta()
         self.tracker = (
             WatermarkTracker.from_dict(meta.watermark)
@@ -351,14 +348,18 @@ class _QueueBatch:
         if not self.committed:
             self._roll_back()  # nothing changed, so nothing was prepared; never ends one
             return
-        if self.sinks.end(self.previous):
-            meta = self.store.meta.copy()
-            meta.extra[TX_ENDED] = meta.seq
-            self.store.update_meta(meta)
+        if self.sinks.end():
+            self._note_sinks_ended()
+
+    def _note_sinks_ended(self) -> None:
+        """Note locally that the latest step's messages are visible (until the next commit)."""
+        meta = self.store.meta.copy()
+        meta.extra[TX_ENDED] = meta.seq
+        self.store.update_meta(meta)
 
     def _record_sinks(self, meta: StateMeta) -> bytes | None:
-        """Put the exactly-once messages still to be seen in the delta: any the previous
-        owner left unended, then this step's. Returns the write id they name."""
+        """Put the step's exactly-once messages in the delta. Returns the write id they
+        name."""
         meta.extra.pop(TX_ENDED, None)
         meta.extra.pop(TX, None)
         if self.sinks is None:
@@ -369,9 +370,9 @@ class _QueueBatch:
                 f"{tx.tag.encode()}: the step's sink messages name state offset {tx.tag.at}, "
                 f"but its delta goes to {self.store.meta.log_end or 0}; a bug: report it"
             )
-        pending = StepMessages.merged(self.previous, tx.messages())
-        if pending is not None:
-            meta.extra[TX] = pending.to_wire()
+        messages = tx.messages()
+        if messages is not None:
+            meta.extra[TX] = messages.to_wire()
         return tx.tag.write_id
 
     def _expire(self, watermark: int | None) -> None:
@@ -399,7 +400,6 @@ class _QueueBatch:
             changes
             or self.got_input
             or claim
-            or self.previous is not None
             or meta.extra.get("closed") != store.meta.extra.get("closed")
             or meta.extra.get("early_period") != store.meta.extra.get("early_period")
         )
