@@ -379,11 +379,16 @@ def topology_grants(
         for t in dict.fromkeys((*topology.sink_topics, *topology.late_topics))
         if not t.startswith(own) and t not in topology.source_topics
     ]
+    # An exactly-once sink's steps and check answers read back which of a step's
+    # messages a consumer sees yet.
+    exactly_once = {t for stage in topology.stages for t in stage.exactly_once_topics}
     grants += [
         Grant(
             f"Topic:{t}",
-            ("Pub", *create),
-            "sink / late records: send (Pub)" + (", created if missing (Create)" if create else ""),
+            ("Pub", *(("Sub", "Get") if t in exactly_once else ()), *create),
+            "sink / late records: send (Pub)"
+            + ("; exactly once: read back what is visible (Sub, Get)" if t in exactly_once else "")
+            + (", created if missing (Create)" if create else ""),
         )
         for t in outputs
     ]

@@ -14,7 +14,7 @@ answers, so any process can, whatever it remembers (docs/notes/transactions.md,
   offsets): this step never lands; its replay prepared output of its own.
 - :attr:`StepFate.LANDED`: the step's delta is whole. Whether a later commit
   followed does not matter: the broker asks only after the step's end window
-  (:data:`~stream_assets.runtime.core.sink_transactions.END_WINDOW_S`), when
+  (a property of each half message, which the sink that prepared it sets), when
   its owner can no longer end the step itself.
 
 Example::

@@ -16,6 +16,12 @@ whichever master runs the tasks.
 :class:`UnreachableCodeServerLauncher` makes Dagster's run launches fail as
 they do when its code server does not answer in time.
 
+``kill_before_an_end_site(dir, at)`` writes a ``sitecustomize`` for the
+``PYTHONPATH`` of an instance's process: the ``at``-th exactly-once step of that
+process tree (its tasks included) to have landed its delta kills the whole tree
+with SIGKILL before it ends its transaction, the one point a kill from outside
+hits by chance only.
+
 Example::
 
     >>> python, held = late_source_runner_python(tmp_path, times=2)  # doctest: +SKIP
@@ -75,6 +81,48 @@ _WRAPPER = """#!/bin/sh
 export PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"
 exec "{python}" "$@"
 """
+
+# Imported at every start of a Python of the instance's tree (the driver, Spark's
+# daemon and its workers): the kill must happen in the task, between its state
+# commit and its end, so it is counted across processes in a locked file.
+_KILL_BEFORE_END = """
+import fcntl, os, signal
+
+from stream_assets.runtime.core import sink_transactions as _tx
+
+_end = _tx.ExactlyOnceSinks.end
+
+
+def _counted_end(self):
+    if self.transaction.prepared:  # a step with results: its delta landed
+        fd = os.open({counter!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        ended = int(os.read(fd, 32) or b"0") + 1
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, str(ended).encode())
+        if ended == {at}:
+            os.fsync(fd)
+            os.killpg(os.getsid(0), signal.SIGKILL)  # the driver and its JVM
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # Spark's daemon and its workers
+        os.close(fd)
+    return _end(self)
+
+
+_tx.ExactlyOnceSinks.end = _counted_end
+"""
+
+
+def kill_before_an_end_site(directory: Path, at: int) -> tuple[Path, Path]:
+    """A directory to put first on an instance process's ``PYTHONPATH``, and the file
+    that counts the steps before the kill (it reads ``at`` once the kill came).
+
+    The process must lead a session of its own (``start_new_session=True``): the kill
+    takes the whole session."""
+    site, counter = directory / "site", directory / "ended"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(_KILL_BEFORE_END.format(counter=str(counter), at=at))
+    return site, counter
+
 
 #: What the instance logs when it starts such a query again.
 RESTART_LINE = "did not start in time"

@@ -1,27 +1,84 @@
-"""Run one WordCount instance in a process of its own, until it is killed.
+"""Run one instance of the crash tests' topology in a process of its own, until killed.
+
+Every function its tasks run comes from the installed ``stream_assets`` (the
+split, the key), so nothing of this module is shipped to the executors.
 
 Used by the crash tests: ``python -m tests.integration._instance_process
-JOB SOURCE SINK STATE_DIR NAMESRV [MODE [exactly-once]]`` starts the instance and prints ``started``
-once its queries run; the test then ``kill -9``s the whole process group
-(driver and Spark JVM) mid-batch.
+JOB STATE_DIR NAMESRV MODE [ASSIGNMENT GENERATION]`` (ASSIGNMENT: JSON, topic ->
+queue ids) starts the instance and prints ``started`` once its queries run; the
+test then ``kill -9``s the whole process group (driver and Spark JVM) mid-step, or
+a fault (``tests.integration._faults``) kills it from a task.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from dataclasses import dataclass
 
-from stream_assets.examples import wordcount
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.examples.wordcount import identity, split_words
+from stream_assets.plan.topology import Topology
 from stream_assets.runtime.spark.instance import Instance
+from stream_assets.serde import json_deserializer, text_deserializer
 from stream_assets.settings import EngineSettings, RocketMQSettings
+from stream_assets.windows import Time, TumblingWindow
+
+#: The windowed sum's windows, and how long a queue without input waits to flush them.
+WINDOW_S = 10
+IDLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class CrashTopics:
+    """The topics of one job's crash-test topology."""
+
+    lines: str
+    counts: str
+    events: str
+    windows: str
+
+    @classmethod
+    def of(cls, job: str) -> CrashTopics:
+        return cls(f"{job}-src", f"{job}-out", f"{job}-ev", f"{job}-win")
+
+
+def build(job: str) -> Topology:
+    """Two keyed exits with exactly-once sinks, in one job: WordCount over text lines
+    (an unwindowed count: each count an update), and a sum per key over
+    ``WINDOW_S``-second tumbling windows of JSON events ``{"key", "value", "ts"}`` (one
+    result per window, fired by the watermark or the idle timeout)."""
+    topics = CrashTopics.of(job)
+    builder = StreamBuilder(job, exactly_once_sinks=True)
+    (
+        builder.source(topics.lines, text_deserializer)
+        .flat_map(split_words)
+        .key_by(identity)
+        .count()
+        .to_rstream()
+        .sink(topics.counts)
+    )
+    (
+        builder.source(topics.events, json_deserializer)
+        .select_timestamp("ts")
+        .key_by("key")
+        .window(TumblingWindow.of(Time.seconds(WINDOW_S)))
+        .sum("value", "sum")
+        .idle_timeout(IDLE_S)
+        .to_rstream()
+        .sink(topics.windows)
+    )
+    return builder.build()
 
 
 def main() -> None:
-    job, source, sink, state_dir, namesrv = sys.argv[1:6]
-    mode = sys.argv[6] if len(sys.argv) > 6 else "micro-batch"
-    exactly_once = sys.argv[7:8] == ["exactly-once"]
+    job, state_dir, namesrv, mode = sys.argv[1:5]
+    assignment = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
     instance = Instance(
-        wordcount.build(job, source, sink, exactly_once),
+        build(job),
+        assignment=assignment,
+        generation=int(sys.argv[6]) if len(sys.argv) > 6 else 0,
         rocketmq=RocketMQSettings(namesrv_addr=namesrv),
         engine=EngineSettings(
             state_dir=state_dir,

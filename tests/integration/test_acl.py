@@ -24,6 +24,7 @@ from pydantic import SecretStr
 
 from stream_assets.broker.local import LocalBroker
 from stream_assets.examples import wordcount
+from stream_assets.plan.names import sink_transaction_group
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq import acl
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -32,8 +33,10 @@ from stream_assets.rocketmq.errors import CredentialsRefusedError
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.rocketmq.records import OutgoingMessage
+from stream_assets.rocketmq.transaction_checks import CheckResponder
+from stream_assets.rocketmq.transactions import Outcome, TransactionalSender
 from stream_assets.settings import BrokerSettings, RocketMQSettings, local_dir
-from tests.integration._engine_util import Message, produce
+from tests.integration._engine_util import Message, produce, wait_until
 from tests.integration.conftest import EngineHarness
 
 NAMESRV_PORT = 21876
@@ -106,9 +109,9 @@ class App:
         self.admin = RocketMQAdmin(self.settings)
 
 
-def _job(prefix: str) -> tuple[str, Topology]:
+def _job(prefix: str, exactly_once: bool = False) -> tuple[str, Topology]:
     job = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    return job, wordcount.build(job, f"{job}-src", f"{job}-out")
+    return job, wordcount.build(job, f"{job}-src", f"{job}-out", exactly_once)
 
 
 def _assert_no_secret(secret: str, exc: BaseException) -> None:
@@ -125,7 +128,7 @@ def _assert_no_secret(secret: str, exc: BaseException) -> None:
 def test_non_admin_with_the_documented_grants_does_what_the_engine_does(
     acl_broker: LocalBroker, root: RocketMQAdmin
 ) -> None:
-    job, topology = _job("acl-grants")
+    job, topology = _job("acl-grants", exactly_once=True)
     source = topology.source_topic
     root.create_topic(source, 2)  # the admin creates the user's source topic
     produce(root.settings, source, [Message(f"line {i}".encode()) for i in range(10)])
@@ -159,6 +162,7 @@ def test_non_admin_with_the_documented_grants_does_what_the_engine_does(
         assert set(app.admin.group_offsets(job, source).values()) == {5}
         assert app.admin.group_offsets(f"{job}-planned", source)[queues[0]] == 3
         assert receipt.queue_offset == 0
+        _exactly_once_sink_messages(app, job, topology.sink_topics[0])
         # And nothing beyond the grants: another topic, or publishing to the source.
         # Any refused admin call names the user and what to fix, like the check.
         with pytest.raises(CredentialsRefusedError, match=r"create topic.*no permission"):
@@ -169,6 +173,36 @@ def test_non_admin_with_the_documented_grants_does_what_the_engine_does(
         assert sum(o.max_offset for o in root.topic_offsets(shuffle).values()) == 1
     finally:
         app.admin.close()
+
+
+def _exactly_once_sink_messages(app: App, job: str, sink: str) -> None:
+    """What an exactly-once sink does, as the user: prepare half messages, commit one,
+    answer the broker's check-back, which commits the other, and read back which are
+    visible (as a step and a check answer do)."""
+    group = sink_transaction_group(job)
+    reader = QueueReader(app.admin, f"{job}-sink-checks")
+
+    def seen() -> list[bytes]:
+        queues = app.admin.queues(sink)
+        return sorted(r.body for q in queues for r in reader.read(q, app.admin.min_offset(q)))
+
+    try:
+        with (
+            CheckResponder(app.settings, group, lambda check: Outcome.COMMIT) as responder,
+            BatchProducer(app.settings, app.admin) as producer,
+        ):
+            sender = TransactionalSender(producer, group)
+            prepared = sender.prepare(
+                [
+                    OutgoingMessage(sink, b"ended", key="e"),
+                    OutgoingMessage(sink, b"checked", key="c"),
+                ]
+            )
+            sender.commit(prepared[:1])
+            wait_until(lambda: seen() == [b"checked", b"ended", b"out"], 60, "the checked one")
+            assert responder.answered[Outcome.COMMIT] >= 1
+    finally:
+        reader.close()
 
 
 # -- 2. a wrong secret fails fast, naming the user and the settings ----------------------

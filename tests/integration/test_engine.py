@@ -24,8 +24,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,9 @@ from tests.integration._engine_util import (
     unique,
     wait_until,
 )
+from tests.integration._faults import kill_before_an_end_site
+from tests.integration._instance_process import WINDOW_S, CrashTopics
+from tests.integration._instance_process import build as build_crash_topology
 from tests.integration.conftest import EngineHarness
 
 pytestmark = pytest.mark.integration
@@ -620,9 +625,123 @@ def test_session_and_sliding_windows_equal_reference(
 # -- 7. kill -9 mid-batch ----------------------------------------------------------
 
 
-#: Instances killed -9 one after another at random points before the last runs to the end
-#: (``STREAM_ASSETS_TEST_KILLS`` for a longer run by hand: CI keeps 2, for its hour).
+#: Instances killed -9 one after another before the last runs to the end: every other
+#: kill from outside at a random point, the others from inside a task before a random
+#: step's end (``STREAM_ASSETS_TEST_KILLS`` for a longer run by hand: CI keeps 2, for
+#: its hour).
 KILLS = int(os.environ.get("STREAM_ASSETS_TEST_KILLS", "2"))
+
+
+def _start_crash_instance(
+    job: str,
+    state_dir: Path,
+    namesrv: str,
+    mode: str,
+    site: Path | None,
+    assignment: dict[str, list[int]] | None = None,
+    generation: int = 0,
+) -> subprocess.Popen[str]:
+    """An instance of the crash topology in a process of its own, once it runs (``site``:
+    a fault's ``sitecustomize``); its log is a ``<state_dir>.*.log`` beside it."""
+    env = dict(os.environ)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    placed = [json.dumps(assignment), str(generation)] if assignment is not None else []
+    with tempfile.NamedTemporaryFile(
+        "w", dir=state_dir.parent, prefix=f"{state_dir.name}.", suffix=".log", delete=False
+    ) as log:  # the child keeps its own copy of the file
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration._instance_process",
+                *(job, str(state_dir), namesrv, mode, *placed),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own session: the Spark JVM and workers die with it
+        )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+@dataclass(frozen=True)
+class _CrashInput:
+    """What the crash tests produce, and what a plain reader of the sinks must see."""
+
+    topics: CrashTopics
+    lines: list[str]
+    events: list[dict[str, Any]]
+
+    @property
+    def messages(self) -> int:
+        """Messages of text lines (4 lines each)."""
+        return len(self.lines) // 4
+
+    def assert_sinks_exact(self, admin: RocketMQAdmin) -> tuple[int, int, int]:
+        """Each count once, rising per word to its count in the input; each window once,
+        with the reference's sum. Returns (counts, windows, results the broker's
+        check-back committed).
+
+        A killed step's messages, if it died before ending them, are committed by the
+        check-back once their end window closed: up to 25 s after the input is."""
+        expected = dict(_word_reference(self.lines))
+        windows = _tumbling_reference(self.events, WINDOW_S * 1000)
+        counts = self.topics.counts
+        wait_until(lambda: final_counts(read_topic(admin, counts)) == expected, 120, "counts")
+        wait_until(lambda: _sink_has(admin, self.topics.windows, len(windows)), 120, "windows")
+        records = read_topic(admin, counts)
+        assert plain_counts(records) == expected
+        fired = read_topic(admin, self.topics.windows)
+        seen: dict[tuple[str, int], int] = {}
+        for r in fired:
+            v = json.loads(r.body)
+            window = (v["key"], v["window_start"])
+            assert window not in seen, f"window {window} seen twice"
+            seen[window] = v["sum"]
+        assert seen == windows
+        checked = sum(1 for r in records + fired if "TRANSACTION_CHECK_TIMES" in r.properties)
+        return len(records), len(windows), checked
+
+    def produce(self, settings: RocketMQSettings, part: slice = slice(None)) -> None:
+        """Produce ``part`` of the lines' messages and of the events (events in order per
+        queue: a later part's are later in event time)."""
+        messages = _line_messages(self.lines, 4, "k")[part]
+        produce(settings, self.topics.lines, messages, threads=4)
+        events = self.events[part]
+        produce_per_queue(
+            settings, self.topics.events, {q: [_event(e) for e in events[q::4]] for q in range(4)}
+        )
+
+
+def _crash_input(admin: RocketMQAdmin, job: str, scale: int = 1) -> _CrashInput:
+    """The crash topology's topics and input: ``scale`` x 2 000 messages of 4 text lines,
+    and as many events 50 ms of event time apart, so most of their windows fire while
+    the instances run."""
+    crash = _CrashInput(CrashTopics.of(job), _lines(11, 8_000 * scale, _vocabulary(300)), [])
+    rnd = random.Random(29)
+    crash.events.extend(
+        {"key": KEYS[i % len(KEYS)], "value": rnd.randint(1, 100), "ts": BASE_TS + 50 * i}
+        for i in range(2_000 * scale)
+    )
+    admin.create_topic(crash.topics.lines, 4)
+    admin.create_topic(crash.topics.events, 4)
+    return crash
+
+
+def _committed(admin: RocketMQAdmin, group: str, topic: str) -> int:
+    return sum(admin.query_consumer_offset(group, q) or 0 for q in admin.queues(topic))
 
 
 @pytest.mark.parametrize("mode", ["micro-batch", "real-time"])
@@ -634,64 +753,117 @@ def test_kill_9s_mid_step_then_restart_an_exactly_once_sink_is_seen_once_in_orde
     report: Any,
     mode: str,
 ) -> None:
-    """WordCount with an exactly-once sink; the instance's process group killed -9 at
-    random points, twice (mid-step, mid-commit, between a step's delta and the
-    end of its transaction: wherever the kill lands; real-time: mid-interval, steps
-    committed before), then run to the end. A plain reader of the sink, with no
-    de-duplication, sees each count once, rising per word, ending at the word's count
-    in the input; no committed step is redone."""
+    """WordCount and a windowed sum in one job, both with exactly-once sinks; the
+    instance's process tree killed -9 ``KILLS`` times, then run to the end. Odd kills
+    come from outside at random points (mid-step, mid-commit, between a delta and
+    its end: wherever it lands; real-time: mid-interval, steps committed before);
+    even ones from inside a task, at a random step's end, after its state commit
+    landed and before its transaction's end, so only the broker's check-back can
+    make those results visible. A plain reader of the sinks, with no
+    de-duplication, sees each count once, rising per word to the word's count in
+    the input, and each window once with the reference's sum; no committed step is
+    redone."""
     job = unique("it-kill")
-    source, sink = f"{job}-src", f"{job}-out"
-    admin.create_topic(source, 4)
-    lines = _lines(seed=11, count=8_000, vocab=_vocabulary(300))
-    produce(client_settings, source, _line_messages(lines, 4, "k"), threads=4)
+    # Enough input for every kill to land mid-stream (pre-combined, 2 000 messages take
+    # an instance a few steps).
+    crash = _crash_input(admin, job, scale=max(1, KILLS // 2))
+    crash.produce(client_settings)
+    lines_topic = crash.topics.lines
     state_dir = tmp_path / "state"
     rnd = random.Random(f"kill-{mode}")
 
-    def committed(topic: str) -> int:
-        return sum(admin.query_consumer_offset(job, q) or 0 for q in admin.queues(topic))
-
-    topology = wordcount.build(job, source, sink, exactly_once=True)
-    killed_at = []
-    for _ in range(KILLS):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.integration._instance_process",
-                *(job, source, sink, str(state_dir), client_settings.namesrv_addr, mode),
-                "exactly-once",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,  # its own process group: the Spark JVM dies with it
-        )
+    killed_at: list[int] = []
+    before_end = 0
+    for kill in range(KILLS):
+        site = counter = None
+        if kill % 2:
+            at = rnd.randint(1, 20)
+            site, counter = kill_before_an_end_site(tmp_path / f"kill-{kill}", at)
+        proc = _start_crash_instance(job, state_dir, client_settings.namesrv_addr, mode, site)
         try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-            # Both stages have committed more work, a random amount past where the last
-            # one died; batches run back to back, so the kill lands inside one.
-            target = committed(source) + rnd.randint(1, 150)
-            wait_until(lambda t=target: committed(source) >= t, 180, "progress")
+            if counter is not None:
+                assert proc.wait(180) == -signal.SIGKILL
+                assert counter.read_text() == str(at), "not killed before a step's end"
+                before_end += 1
+            else:
+                # Both stages have committed more work, a random amount past where the
+                # last one died; steps run back to back, so the kill lands inside one.
+                target = _committed(admin, job, lines_topic) + rnd.randint(1, 150)
+                wait_until(
+                    lambda t=target: _committed(admin, job, lines_topic) >= t, 180, "progress"
+                )
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        killed_at.append(committed(source))
-    assert killed_at[-1] < len(lines) // 4, "the input was consumed before the last kill"
+            _kill_session(proc)
+        killed_at.append(_committed(admin, job, lines_topic))
+    assert killed_at[-1] < crash.messages, "the input was consumed before the last kill"
 
-    again = engine.start(engine.instance(topology, state_dir, mode=mode))
+    again = engine.start(engine.instance(build_crash_topology(job), state_dir, mode=mode))
     again.await_caught_up(CATCH_UP_S)
-    expected = dict(_word_reference(lines))
-    # The last killed step's messages, if it died before ending them, are committed by
-    # the broker's check-back (answered by this instance) once their end window closed.
-    wait_until(lambda: final_counts(read_topic(admin, sink)) == expected, 120, "every count seen")
-    records = read_topic(admin, sink)
-    assert plain_counts(records) == expected
-    by_check = sum(1 for r in records if "TRANSACTION_CHECK_TIMES" in r.properties)
+    counts, windows, by_check = crash.assert_sinks_exact(admin)
     report(
-        f"{KILLS} kill -9s ({mode}, exactly-once sink) at {killed_at} of {len(lines) // 4} "
-        f"messages: {len(records)} counts, each seen once, in order; {by_check} of them "
-        "committed by the broker's check-back"
+        f"{KILLS} kill -9s ({mode}, exactly-once sinks; {before_end} before a step's end) at "
+        f"{killed_at} of {crash.messages} messages: {counts} counts and {windows} windows, "
+        f"each seen once, in order; {by_check} committed by the broker's check-back"
     )
+    if before_end:
+        assert by_check > 0, "a step killed before its end, and none of its results checked"
     # What the killed instances committed is not read again.
-    assert again.metrics[0].totals["records_in"] == len(lines) // 4 - killed_at[-1]
+    assert again.metrics[0].totals["records_in"] == crash.messages - killed_at[-1]
+
+
+def test_a_kill_9_just_after_queues_moved_keeps_exactly_once_sinks_exact(
+    engine: EngineHarness,
+    admin: RocketMQAdmin,
+    client_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """A kill during a rebalance: a running instance gives half its queues (of every
+    topic) to a new instance on a disk of its own, which restores their state and is
+    killed -9 at one of its first five steps' ends (after the state commit, before
+    the transaction's end); a third instance, on a third disk, takes those queues
+    over. A plain reader of the sinks sees each count once, rising, and each window
+    once with the reference's sum."""
+    job = unique("it-kill-move")
+    crash = _crash_input(admin, job)
+    # Split on a window's boundary (1 000 events = 50 s): the pause while the queues move
+    # outlasts the idle timeout, which fires every open window; the second half opens
+    # new ones.
+    first_half, second_half = slice(0, 1_000), slice(1_000, None)
+    crash.produce(client_settings, first_half)
+    topology = build_crash_topology(job)
+    every_topic = [crash.topics.lines, crash.topics.events, *topology.shuffle_topics]
+    kept = {topic: [0, 1] for topic in every_topic}
+    moved = {topic: [2, 3] for topic in every_topic}
+    first = engine.start(
+        engine.instance(topology, tmp_path / "a", assignment={t: [0, 1, 2, 3] for t in every_topic})
+    )
+    first.await_caught_up(CATCH_UP_S)
+
+    # The new owner takes its queues with input coming: killed at one of its first
+    # five steps with results (restore and currency checks behind it or not).
+    first.reassign(kept, generation=1)
+    at = random.Random("kill-move").randint(1, 5)
+    site, counter = kill_before_an_end_site(tmp_path / "kill", at)
+    second = _start_crash_instance(
+        job, tmp_path / "b", client_settings.namesrv_addr, "micro-batch", site, moved, 1
+    )
+    try:
+        crash.produce(client_settings, second_half)
+        assert second.wait(180) == -signal.SIGKILL
+    finally:
+        _kill_session(second)
+    assert counter.read_text() == str(at), "not killed before a step's end"
+    moved_at = _committed(admin, job, crash.topics.lines)
+
+    first.reassign(kept, generation=2)
+    third = engine.start(engine.instance(topology, tmp_path / "c", assignment=moved, generation=2))
+    for inst in (first, third):
+        inst.await_caught_up(CATCH_UP_S)
+    counts, windows, by_check = crash.assert_sinks_exact(admin)
+    report(
+        f"queues moved at 1 000 of {crash.messages} messages; the new owner killed -9 at "
+        f"its step end {at} ({moved_at} committed): {counts} counts and {windows} windows, "
+        f"each seen once, in order; {by_check} committed by the broker's check-back"
+    )
+    assert by_check > 0, "a step killed before its end, and none of its results checked"

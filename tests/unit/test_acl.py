@@ -126,6 +126,12 @@ def test_topology_grants_cover_every_topic_and_group_of_wordcount() -> None:
     assert all(g.why for g in without_create)
 
 
+def test_an_exactly_once_sink_may_also_be_read_back() -> None:
+    topology = wordcount.build("wc", "lines", "counts", exactly_once=True)
+    grants = {g.resource: set(g.actions) for g in acl.topology_grants(topology)}
+    assert grants["Topic:counts"] == {"Pub", "Sub", "Get", "Create"}
+
+
 def _reply(code: int, remark: str | None) -> RemotingCommand:
     return RemotingCommand(code=code, opaque=1, flag=1, remark=remark)
 

@@ -69,3 +69,17 @@ def test_the_planned_end_bounds_a_queue_and_without_one_its_history_decides() ->
 def test_a_group_without_a_master_goes_per_record_not_by_its_slaves_copy() -> None:
     admin = Admin(planned={0: 40, 2: 70}, committed={}, no_master=frozenset({"broker-b"}))
     assert bounds(admin) == {0: 40, 1: 10}, "broker-b's queues left out: per record"
+
+
+def test_a_bound_never_goes_below_the_ends_a_running_planner_planned() -> None:
+    # A slave promoted since the last interval holds an older copy of the planned ends
+    # (40 and 70): the planner's own (55, 65) win where higher, the master's elsewhere.
+    admin = Admin(planned={0: 40, 2: 70}, committed={0: 30, 1: 50, 2: 60})
+    floors = {0: 55, 2: 65}
+    got = dict(combine_bounds(admin, TOPIC, LAYOUT, "g", "g-planned", floors=floors))
+    assert got == {0: 55, 1: 100, 2: 70, 3: 10}
+    down = Admin(planned={0: 40}, committed={}, no_master=frozenset({"broker-a"}))
+    assert combine_bounds(down, TOPIC, LAYOUT, "g", "g-planned", floors=floors) == (
+        (2, 65),
+        (3, 10),
+    ), "a group without a master goes per record, whatever it planned"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,6 +53,8 @@ TX, TX_ENDED = "tx", "tx_ended"
 _WIRE_VERSION = 1
 #: Messages read per pull while looking for a step's messages at a sink queue's end.
 _SCAN_BATCH = 256
+#: Steps whose sink reads :class:`SeenIds` keeps (the least recently looked at go first).
+_STEPS_KEPT = 256
 #: How long a step has to end its transaction; later, only the broker's check-back
 #: may (the broker refuses the step's end and checks the message only after it), so a
 #: fenced owner still ending its step and the next owner's check-back never both
@@ -204,27 +207,33 @@ class SeenIds:
     committed message is stored when its commit is processed, after it was
     prepared); later looks at the same step read only what was stored since, so
     waiting for a step's messages, or answering many checks of one step, reads
-    each message once. Only the step's own ids are kept: one step per queue.
+    each message once. The latest :data:`_STEPS_KEPT` steps' reads are kept:
+    checks of several steps' messages in one sink queue (keyed queues share sink
+    queues) come interleaved.
     """
 
     def __init__(self, admin: OffsetQueries, reader: RangeReader) -> None:
         self.admin, self.reader = admin, reader
-        #: Per queue: the step's ids, the end read up to, which of them were seen.
-        self._read: dict[MessageQueue, tuple[frozenset[str], int, set[str]]] = {}
+        #: Per queue and step (its ids there): the end read up to, which were seen.
+        self._read: OrderedDict[tuple[MessageQueue, frozenset[str]], tuple[int, set[str]]] = (
+            OrderedDict()
+        )
 
     def unseen(self, queue: MessageQueue, born_ms: int, ids: list[str]) -> list[str]:
         """``ids`` (one step's, prepared at ``born_ms``) not in ``queue`` yet, in order."""
         wanted = frozenset(ids)
         end = self.admin.max_offset(queue)
-        known = self._read.get(queue)
-        if known is None or known[0] != wanted:
+        known = self._read.pop((queue, wanted), None)
+        if known is None:
             found = self._back(queue, end, born_ms - _CLOCK_SKEW_MS, wanted)
         else:
-            found = known[2]
-            for start in range(known[1], end, _SCAN_BATCH):
+            found = known[1]
+            for start in range(known[0], end, _SCAN_BATCH):
                 records = self.reader.pull(queue, start, min(_SCAN_BATCH, end - start)).records
                 found.update(r.msg_id for r in records if r.msg_id in wanted)
-        self._read[queue] = (wanted, end, found)
+        self._read[(queue, wanted)] = (end, found)
+        while len(self._read) > _STEPS_KEPT:
+            self._read.popitem(last=False)
         return [i for i in ids if i not in found]
 
     def _back(self, queue: MessageQueue, end: int, floor: int, wanted: frozenset[str]) -> set[str]:
@@ -259,6 +268,9 @@ def await_visible(seen: SeenIds, step: StepMessages, wait_s: float, poll_s: floa
                 f"{sample[0].topic}[{sample[0].queue_id}] on {sample[0].broker_name}: "
                 f"{sample[1][:3]}). The broker's check-back commits them: check that an "
                 "instance of the job runs (its driver answers the checks) and that the "
-                "broker's transactionCheckInterval is set (docs/guarantees.md)"
+                "broker's transactionCheckInterval is set. If the job was stopped after a "
+                "crash for longer than the broker's transactionCheckMax checks, the broker "
+                "discarded them (to TRANS_CHECK_MAX_TIME_TOPIC) and this queue cannot go on "
+                "exactly once: reset the job (docs/guarantees.md)"
             )
         time.sleep(poll_s)

@@ -141,13 +141,8 @@ class _Task:
             stage = ctx.stage.stage
             if stage.source is not None and planner.opts.planned_group:
                 planner.remember_planned(at.get(PLANNED, {}))
-                known = planner.planned_ends()
-                bounds = tuple(
-                    (q, max(bound, known.get(planner.key_of(q), -1)))
-                    for q, bound in self._bounds(index)
-                )
                 self.contexts[index] = dataclasses.replace(
-                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=bounds)
+                    ctx, stage=dataclasses.replace(ctx.stage, combine_from=self._bounds(index))
                 )
 
     def _bounds(self, index: int) -> tuple[tuple[int, int], ...]:
@@ -155,6 +150,7 @@ class _Task:
         topic = ctx.stage.stage.input_topic
         layout = planner.opts.layouts[topic]
         indices = planner.opts.queues if planner.opts.queues is not None else range(len(layout))
+        known = planner.planned_ends()
         return combine_bounds(
             admin_for(ctx.rocketmq),
             topic,
@@ -162,6 +158,7 @@ class _Task:
             self.plan.group,
             self.plan.planned_group,
             [layout.queue(q) for q in indices],
+            floors={q: known[planner.key_of(q)] for q in indices if planner.key_of(q) in known},
         )
 
     def step(self, client: ChannelClient) -> tuple[list[dict[str, Any]], bool]:

@@ -395,10 +395,12 @@ def combine_bounds(
     group: str,
     planned_group: str,
     queues: list[MessageQueue] | None = None,
+    floors: Mapping[int, int] | None = None,
 ) -> tuple[tuple[int, int], ...]:
     """Per source queue index (of ``queues``, default all), the offset from which
-    stage 0 may pre-combine (``StageContext.combine_from``); a queue left out
-    goes per record.
+    stage 0 may pre-combine (``StageContext.combine_from``), never below its
+    ``floors`` entry (the ends a running planner knows it planned); a queue left
+    out goes per record.
 
     A run that crashed may have sent shuffle messages, cut at its own batch
     boundaries, up to the end of the batch it had planned; a combined
@@ -424,5 +426,6 @@ def combine_bounds(
             bound = planned.get(queue)
             if bound is None:
                 bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
-            out.append((layout.index(queue), bound))
+            index = layout.index(queue)
+            out.append((index, max(bound, (floors or {}).get(index, bound))))
     return tuple(out)
