@@ -84,3 +84,26 @@ def plain_counts(records: Sequence[Record], field: str = "count") -> dict[Any, A
         assert key not in last or n > last[key], f"{key}: {field} {n} seen after {last[key]}"
         last[key] = n
     return last
+
+
+def plain_windows(records: Sequence[Record], field: str = "sum") -> dict[tuple[Any, int, int], Any]:
+    """An exactly-once windowed sink as a plain consumer reads it: each window once;
+    (key, window start, window end) -> its ``field``.
+
+    >>> from stream_assets.rocketmq.records import Record
+    >>> def win(start: int) -> Record:
+    ...     body = f'{{"key": "a", "window_start": {start}, "window_end": {start + 10}, "sum": 5}}'
+    ...     return Record("out", 0, 0, body.encode())
+    >>> plain_windows([win(0), win(10)])
+    {('a', 0, 10): 5, ('a', 10, 20): 5}
+    >>> plain_windows([win(0), win(0)])
+    Traceback (most recent call last):
+    AssertionError: window ('a', 0, 10) seen twice
+    """
+    seen: dict[tuple[Any, int, int], Any] = {}
+    for r in records:
+        v = json.loads(r.body)
+        window = (v["key"], v["window_start"], v["window_end"])
+        assert window not in seen, f"window {window} seen twice"
+        seen[window] = v[field]
+    return seen

@@ -35,7 +35,7 @@ from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
-from tests.consumer_rule import plain_counts
+from tests.consumer_rule import plain_counts, plain_windows
 from tests.event_time_reference import Queues, window_join
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
@@ -363,7 +363,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
 
             # The wave's last windows fire when both source queues are idle by offsets.
             def wave_fired(n: int = len(reference)) -> bool:
-                return len(_windows(admin, sink)) >= n
+                return len(plain_windows(read_topic(admin, sink))) >= n
 
             wait_until(
                 wave_fired,
@@ -373,7 +373,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
             )
         metrics = driver.stop(180)["metrics"]
 
-    assert _windows(admin, sink) == dict(reference)
+    assert plain_windows(read_topic(admin, sink)) == dict(reference)
     _assert_printed_on_the_driver(spark_cluster, driver.stderr_path, package, reference, 3 * 150)
     assert metrics["1"]["totals"]["late"] == 0
     for stage in ("0", "1"):
@@ -471,18 +471,6 @@ def _report_state_costs(report: Any, what: str, stage: dict[str, Any], voids: in
         f"catch-ups {totals['restore_s']:.2f} s in all; "
         f"{voids} void state records"
     )
-
-
-def _windows(admin: RocketMQAdmin, sink: str) -> dict[tuple[str, int, int], int]:
-    """(key, start, end) -> sum, read as a plain consumer of an exactly-once sink: fails
-    if a window was seen twice."""
-    by_window: dict[tuple[str, int, int], int] = {}
-    for r in read_topic(admin, sink):
-        v = json.loads(r.body)
-        w = (v["key"], v["window_start"], v["window_end"])
-        assert w not in by_window, f"window {w} seen twice"
-        by_window[w] = v["sum"]
-    return by_window
 
 
 def test_a_second_key_by_stage_on_two_workers_with_a_worker_killed_counts_exactly(

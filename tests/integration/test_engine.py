@@ -42,7 +42,7 @@ from stream_assets.runtime.spark.worker_launcher import LAUNCHER
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.windows import SessionWindow, SlidingWindow, Time
-from tests.consumer_rule import plain_counts
+from tests.consumer_rule import plain_counts, plain_windows
 from tests.integration._engine_util import (
     BackgroundProducer,
     Message,
@@ -704,13 +704,7 @@ class _CrashInput:
         records = read_topic(admin, counts)
         assert plain_counts(records) == expected
         fired = read_topic(admin, self.topics.windows)
-        seen: dict[tuple[str, int], int] = {}
-        for r in fired:
-            v = json.loads(r.body)
-            window = (v["key"], v["window_start"])
-            assert window not in seen, f"window {window} seen twice"
-            seen[window] = v["sum"]
-        assert seen == windows
+        assert {(k, s): n for (k, s, _), n in plain_windows(fired).items()} == windows
         checked = sum(1 for r in records + fired if "TRANSACTION_CHECK_TIMES" in r.properties)
         return len(records), len(windows), checked
 

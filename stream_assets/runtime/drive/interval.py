@@ -158,7 +158,7 @@ class _Task:
             self.plan.group,
             self.plan.planned_group,
             [layout.queue(q) for q in indices],
-            floors={q: known[planner.key_of(q)] for q in indices if planner.key_of(q) in known},
+            floors={q: known[k] for q in indices if (k := planner.key_of(q)) in known},
         )
 
     def step(self, client: ChannelClient) -> tuple[list[dict[str, Any]], bool]:

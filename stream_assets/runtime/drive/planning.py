@@ -414,6 +414,7 @@ def combine_bounds(
     goes per record.
     """
     wanted = layout.queues if queues is None else queues
+    floors = floors or {}
     out = []
     for on_broker in by_group(list(wanted)).values():
         try:
@@ -427,5 +428,5 @@ def combine_bounds(
             if bound is None:
                 bound = offsets.min_offset if committed.get(queue) is None else offsets.max_offset
             index = layout.index(queue)
-            out.append((index, max(bound, (floors or {}).get(index, bound))))
+            out.append((index, max(bound, floors.get(index, bound))))
     return tuple(out)
