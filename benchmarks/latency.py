@@ -2,8 +2,9 @@
 
 For each ``--mode`` (micro-batch, real-time) and workload (``passthrough``:
 source -> map -> sink, stage 0 only; ``wordcount``: two stages through the
-shuffle; ``wordcount-eos``: the same with its sink exactly once, each step's
-counts one RocketMQ transaction, for its cost against ``wordcount`` in the
+shuffle; ``wordcount-eos`` / ``passthrough-eos``: the same with the sink exactly
+once, each step's counts (records) one RocketMQ transaction, committed with the
+state (the source position), for its cost against the plain workload in the
 same run), measured in the same run on the same broker:
 
 1. the engine's maximum: a fresh instance over a backlog already in its
@@ -24,6 +25,7 @@ Usage::
 
     python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
     python benchmarks/latency.py --workload wordcount --workload wordcount-eos
+    python benchmarks/latency.py --workload passthrough --workload passthrough-eos
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from stream_assets.examples import wordcount
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 MODES = ("micro-batch", "real-time")
-#: ``wordcount-eos``: WordCount with its sink exactly once (transactional messages).
-WORKLOADS = ("passthrough", "wordcount", "wordcount-eos")
+#: ``-eos``: the workload with its sink exactly once (transactional messages).
+WORKLOADS = ("passthrough", "wordcount", "wordcount-eos", "passthrough-eos")
 DEFAULT_WORKLOADS = ("passthrough", "wordcount")
 
 
@@ -57,13 +59,14 @@ def engine_max(
     job = unique(f"bench-max-{workload}")
     source = f"{job}-in"
     create_topic(settings, source, args.queues)
-    if workload == "passthrough":
+    eos = workload.endswith("-eos")
+    if workload.startswith("passthrough"):
         produce_batched(settings, source, record_bodies(args.records, args.size))
-        topology = passthrough.build(job, source, f"{job}-out")
+        topology = passthrough.build(job, source, f"{job}-out", exactly_once=eos)
         return run_instance(topology, settings, engine, args.records).records_per_s
     lines = args.records
     produce_batched(settings, source, wordcount_bodies(lines, args.lines_per_message))
-    topology = wordcount.build(job, source, f"{job}-out", exactly_once=workload.endswith("-eos"))
+    topology = wordcount.build(job, source, f"{job}-out", exactly_once=eos)
     return run_instance(topology, settings, engine, lines).records_per_s
 
 
@@ -73,11 +76,11 @@ def measure(
     """One line of figures: the maximum, then latency at half of it."""
     best = engine_max(settings, engine, workload, args)
     rate = args.rate or best / 2
-    if workload == "passthrough":
-        lat = passthrough.latency(settings, args, engine, rate)
+    eos = workload.endswith("-eos")
+    if workload.startswith("passthrough"):
+        lat = passthrough.latency(settings, args, engine, rate, exactly_once=eos)
         sent, done = lat["latency_sent_records_per_s"], lat["latency_engine_records_per_s"]
     else:
-        eos = workload.endswith("-eos")
         lat = wordcount_bench.latency(settings, args, engine, rate, exactly_once=eos)
         sent, done = lat["latency_sent_lines_per_s"], lat["latency_engine_lines_per_s"]
     return {

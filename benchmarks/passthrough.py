@@ -56,10 +56,13 @@ def identity(value: Any) -> Any:
     return value
 
 
-def build(job: str, source: str, sink: str) -> Topology:
-    """source -> map -> sink."""
+def build(job: str, source: str, sink: str, exactly_once: bool = False) -> Topology:
+    """source -> map -> sink (``exactly_once``: the sink's records committed with the source
+    position, one transaction a step)."""
     b = StreamBuilder(job)
-    b.source(source, bytes_deserializer).map(identity).sink(sink, text_serializer)
+    b.source(source, bytes_deserializer).map(identity).sink(
+        sink, text_serializer, exactly_once=exactly_once
+    )
     return b.build()
 
 
@@ -68,12 +71,14 @@ def latency(
     args: argparse.Namespace,
     engine: EngineSettings,
     records_per_s: float,
+    exactly_once: bool = False,
 ) -> dict[str, float]:
-    """p50/p99 (ms) of source send -> sink store with records sent at ``records_per_s``."""
+    """p50/p99 (ms) of source send -> sink store with records sent at ``records_per_s``
+    (``exactly_once``: the sink's, committed with the source position)."""
     count = max(100, int(records_per_s * args.latency_seconds))
     job = unique("bench-pass-lat")
     run, sent = run_live(
-        build(job, f"{job}-in", f"{job}-out"),
+        build(job, f"{job}-in", f"{job}-out", exactly_once),
         settings,
         engine,
         record_bodies(count, args.size),

@@ -78,6 +78,7 @@ from stream_assets.runtime.core.keyed import read_key_state
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.runtime.core.send_buffer import SendBuffer
 from stream_assets.runtime.core.shuffle_codec import encode_key
+from stream_assets.runtime.core.stage0.exactly_once import run_positioned_source_batch
 from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
@@ -468,8 +469,12 @@ class TopologyTestDriver:
         ]
         for source in topology.source_topics:
             self.broker.create_topic(source, source_queues)
-        for name in (*topology.shuffle_topics, *topology.state_topics):
-            self.broker.create_topic(name, shuffle_queues)
+        for stage in topology.stages:
+            if stage.head is not None:
+                self.broker.create_topic(stage.input_topic, shuffle_queues)
+            if stage.state_topic is not None:  # a positioned stage's: one per source queue
+                count = source_queues if stage.positioned else shuffle_queues
+                self.broker.create_topic(stage.state_topic, count)
         for name in (*topology.sink_topics, *topology.late_topics):
             if name not in self.broker.topics:
                 self.broker.create_topic(name, sink_queues)
@@ -696,14 +701,16 @@ class TopologyTestDriver:
             ]
 
     def restore_state(self, queues: Iterable[int] | None = None) -> list[RestoreResult]:
-        """Throw away the local RocksDB of stateful ``queues`` (default: all) and rebuild it
-        from the in-memory state topic, as an instance does for a queue that moved to it.
+        """Throw away the local RocksDB of ``queues`` (default: all) of every stage with a state
+        topic and rebuild it from there, as an instance does for a queue that moved to it.
         """
         self._check_open()
         results = []
-        for stage in self._stateful_stages():
-            assert stage.state_topic is not None
-            for q in range(self.shuffle_queues) if queues is None else queues:
+        for stage in self.topology.stages:
+            if stage.state_topic is None:
+                continue
+            count = self.broker.topic(stage.state_topic).queue_count
+            for q in range(count) if queues is None else queues:
                 store = self._store(stage, q)
                 store.wipe()
                 results.append(self._restore(stage, q, store))
@@ -859,9 +866,13 @@ class TopologyTestDriver:
             end = self._limit(start, topic.end(q))
             if end <= start:
                 continue
-            records = [r for r in topic.read(q, start, end) if tags.matches(r.tags)]
             with contextlib.redirect_stdout(self._stdout):
-                stats = run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
+                if ctx.stage.positioned:  # its position committed with its transaction
+                    ports = self._ports(ctx.stage, q)
+                    stats = run_positioned_source_batch(ctx, q, start, end, ports, tags)
+                else:
+                    records = [r for r in topic.read(q, start, end) if tags.matches(r.tags)]
+                    stats = run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
             self.stats.append(stats)
             committed[q] = end
             progressed = True
@@ -893,9 +904,10 @@ class TopologyTestDriver:
     def _store(self, stage: Stage, queue_id: int) -> QueueStateStore:
         store = self._stores.get((stage.index, queue_id))
         if store is None:
-            assert stage.head is not None
+            head = stage.head or stage.source
+            assert head is not None
             store = QueueStateStore(
-                self.state_dir, self.topology.job_id, stage.head.op_id, queue_id
+                self.state_dir, self.topology.job_id, head.op_id, queue_id
             ).open()
             self._stores[(stage.index, queue_id)] = store
         return store

@@ -21,8 +21,9 @@ list: the real broker's or the test driver's.
 
 from __future__ import annotations
 
+import collections
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stream_assets.rocketmq.records import Record
@@ -107,3 +108,43 @@ def plain_windows(records: Sequence[Record], field: str = "sum") -> dict[tuple[A
         assert window not in seen, f"window {window} seen twice"
         seen[window] = v[field]
     return seen
+
+
+def checked_back(record: Record) -> bool:
+    """Whether the broker's check-back committed ``record`` (its owner died before ending
+    its step): the broker stamps the stored message with how often it asked."""
+    return "TRANSACTION_CHECK_TIMES" in record.properties
+
+
+def plain_copies(
+    records: Sequence[Record], sources: Sequence[Sequence[Any]], ident: Callable[[Record], Any]
+) -> int:
+    """An exactly-once sink before any aggregate as a plain consumer reads it, queue by
+    queue: each source record's copy once; each source queue's copies in source order,
+    but for those the check-back committed (a dead step's: in the broker's order,
+    docs/guarantees.md). ``sources``: each source queue's records in order, as
+    ``ident`` names a copy. Returns how many copies the check-back committed.
+
+    >>> from stream_assets.rocketmq.records import Record
+    >>> def copy(body: str) -> Record:
+    ...     return Record("out", 0, 0, body.encode())
+    >>> plain_copies([copy("a1"), copy("b1"), copy("a2")], [["a1", "a2"], ["b1"]],
+    ...              lambda r: r.body.decode())
+    0
+    >>> plain_copies([copy("a2"), copy("a1")], [["a1", "a2"]], lambda r: r.body.decode())
+    Traceback (most recent call last):
+    AssertionError: source queue 0's copies out of order: ['a2', 'a1']
+    """
+    seen = [ident(r) for r in records]
+    every = [x for queue in sources for x in queue]
+    assert collections.Counter(seen) == collections.Counter(every), (
+        "a source record copied twice, or never"
+    )
+    by_owner = [x for x, r in zip(seen, records, strict=True) if not checked_back(r)]
+    for q, queue in enumerate(sources):
+        rank = {x: i for i, x in enumerate(queue)}
+        mine = [x for x in by_owner if x in rank]
+        assert mine == sorted(mine, key=rank.__getitem__), (
+            f"source queue {q}'s copies out of order: {mine[:5]}"
+        )
+    return sum(1 for r in records if checked_back(r))

@@ -170,16 +170,7 @@ class StreamBuilder:
                 f"{self.job_id}: operator name(s) {twice} given twice (an explicit name=, or "
                 "one that equals another operator's default name); give each its own"
             )
-        topology = Topology(self.job_id, tuple(self._nodes))
-        for stage in topology.stages:
-            if stage.head is None and stage.exactly_once_topics:
-                raise ValueError(
-                    f"{self.job_id}: sink(s) {sorted(stage.exactly_once_topics)} come before any "
-                    "aggregate; exactly_once=True is built for sinks after one (a keyed stage's "
-                    "results). Use exactly_once=False there (at least once, with a "
-                    "de-duplication key: docs/guarantees.md)"
-                )
-        return topology
+        return Topology(self.job_id, tuple(self._nodes))
 
 
 class RStream:
@@ -448,7 +439,8 @@ class RStream:
         properties. The engine's de-duplication key is always the message's
         last key. ``exactly_once`` (default: the builder's
         ``exactly_once_sinks``): a consumer sees each result once, committed
-        with the state (after an aggregate; docs/guarantees.md).
+        with the state after an aggregate, with the source position before one
+        (docs/guarantees.md).
 
         Example::
 

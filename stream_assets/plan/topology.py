@@ -87,7 +87,9 @@ class Stage:
     #: Edges from the head (source or stateful op) to the exits, by op id.
     children: dict[str, tuple[str, ...]]
     exits: tuple[Exit, ...]
-    state_topic: str | None  # changelog of the head's state
+    #: Changelog of the head's state; of a source stage with exactly-once sinks, the log of
+    #: its steps (each one's position and transaction: :attr:`positioned`).
+    state_topic: str | None
     #: Stages whose exits write to this stage's input topic.
     upstreams: tuple[int, ...] = ()
 
@@ -102,6 +104,14 @@ class Stage:
     def stateful(self) -> bool:
         """Whether this stage keeps RocksDB state."""
         return self.head is not None
+
+    @property
+    def positioned(self) -> bool:
+        """Whether this source stage logs its steps in a state topic: it has exactly-once
+        sinks, whose transaction needs a compare-and-append log to commit with (a consumer
+        offset names no attempt), and that log's position lets a replay skip what a
+        landed step read (runtime/core/stage0/exactly_once.py)."""
+        return self.source is not None and self.state_topic is not None
 
     @property
     def aggregate(self) -> n.Aggregate | None:
@@ -247,7 +257,8 @@ def shuffle_topic(job_id: str, op_id: str) -> str:
 
 
 def state_topic(job_id: str, op_id: str) -> str:
-    """The state (changelog) topic of the stateful operator ``op_id``."""
+    """The state (changelog) topic of the stateful operator ``op_id``, or the step log of
+    the source ``op_id`` (:attr:`Stage.positioned`)."""
     return f"{job_id}__state__{op_id}"
 
 
@@ -330,6 +341,9 @@ def _stage(
     ordered = {x.op_id: x for x in nodes if x.op_id in stage_nodes}
     exits.sort(key=lambda e: list(ordered).index(e.key_by.op_id))
     stateful = head if isinstance(head, n.Stateful) else None
+    logged = stateful is not None or any(
+        isinstance(x, n.Sink) and x.exactly_once for x in ordered.values()
+    )
     return Stage(
         index=index,
         input_topic=input_of[head.op_id],
@@ -338,11 +352,13 @@ def _stage(
         nodes=ordered,
         children=edges,
         exits=tuple(exits),
-        state_topic=None if stateful is None else _state_topic_of(job_id, stateful, kept),
+        state_topic=_state_topic_of(job_id, head, kept) if logged else None,
     )
 
 
-def _state_topic_of(job_id: str, head: n.Stateful, kept: dict[str, tuple[str, str]]) -> str:
+def _state_topic_of(
+    job_id: str, head: n.Source | n.Stateful, kept: dict[str, tuple[str, str]]
+) -> str:
     return kept[head.op_id][1] if head.op_id in kept else state_topic(job_id, head.op_id)
 
 

@@ -30,7 +30,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from stream_assets.plan.topology import Topology
@@ -84,11 +84,15 @@ class SourceTopicNotFoundError(TopicNotFoundError):
         )
 
 
-def topic_queue_counts(topology: Topology, engine: EngineSettings) -> dict[str, int]:
+def topic_queue_counts(
+    topology: Topology, engine: EngineSettings, source_queues: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """Every topic the topology writes, with the queue count it is created with.
 
     A topic with two roles (a sink that is also a late-record topic) takes
-    the count of its first: shuffle, state, sink, late, dead letters.
+    the count of its first: shuffle, state, sink, late, dead letters. The step
+    log of a source stage with exactly-once sinks has one queue per source queue
+    (``source_queues``: each source topic's count; the shuffle's where not given).
 
     Example::
 
@@ -102,7 +106,14 @@ def topic_queue_counts(topology: Topology, engine: EngineSettings) -> dict[str, 
         wordcount__dead-letters 1
     """
     wanted = {t: engine.shuffle_queues for t in topology.shuffle_topics}
-    wanted |= {t: engine.shuffle_queues for t in topology.state_topics}
+    sources = source_queues or {}
+    for stage in topology.stages:
+        if stage.state_topic is not None:
+            wanted[stage.state_topic] = (
+                sources.get(stage.input_topic, engine.shuffle_queues)
+                if stage.positioned
+                else engine.shuffle_queues
+            )
     for topic in (*topology.sink_topics, *topology.late_topics):
         wanted.setdefault(topic, engine.sink_queues)
     wanted.setdefault(topology.dead_letter_topic, 1)
@@ -199,18 +210,23 @@ def provision_topics(
     for source in topology.source_topics:
         if not admin.topic_exists(source) and admin.get_kv(LAYOUT_NAMESPACE, source) is None:
             raise SourceTopicNotFoundError(source, admin.settings.namesrv_addr, topology.job_id)
-    fixed = {*topology.shuffle_topics, *topology.state_topics}
-    for topic, queues in topic_queue_counts(topology, engine).items():
+    layouts = {topic: topic_layout(admin, topic, None, say) for topic in topology.source_topics}
+    counts = topic_queue_counts(
+        topology, engine, {topic: len(layout) for topic, layout in layouts.items()}
+    )
+    for topic, queues in counts.items():
         if admin.topic_exists(topic) or admin.get_kv(LAYOUT_NAMESPACE, topic) is not None:
             continue
         say(f"creating topic {topic} ({queues} queues)")
         admin.create_topic(topic, queues, spread=True)
     # Every topic's layout is fixed (stored) now, sinks' too: a topic the engine
     # created is then never created again while its broker group is down.
-    layouts = {
-        topic: topic_layout(admin, topic, engine.shuffle_queues if topic in fixed else None, say)
-        for topic in dict.fromkeys((*topology.source_topics, *topic_queue_counts(topology, engine)))
-    }
+    fixed = {*topology.shuffle_topics, *topology.state_topics}
+    for topic in counts:
+        if topic not in layouts:
+            layouts[topic] = topic_layout(
+                admin, topic, counts[topic] if topic in fixed else None, say
+            )
     return ProvisionedTopics(
         layouts=layouts,
         source_queues={t: tuple(range(len(layouts[t]))) for t in topology.source_topics},
@@ -280,7 +296,8 @@ def _check_count(layout: TopicLayout, expected: int | None) -> None:
     if expected is not None and len(layout) != expected:
         raise LayoutChangedError(
             f"topic {layout.topic} has {len(layout)} queues ({describe_pairs(layout.pairs)}) but "
-            f"the engine is configured for {expected} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES); a "
-            "job keeps its shuffle queue count for life: set it back, or run the topology "
+            f"the engine expects {expected} (STREAM_ASSETS_ENGINE_SHUFFLE_QUEUES; for the step "
+            "log of a source with exactly-once sinks, the source topic's count); a job keeps "
+            "its shuffle and source queue counts for life: set it back, or run the topology "
             "under a new job id"
         )

@@ -38,17 +38,19 @@ class CrashTopics:
     counts: str
     events: str
     windows: str
+    copies: str
 
     @classmethod
     def of(cls, job: str) -> CrashTopics:
-        return cls(f"{job}-src", f"{job}-out", f"{job}-ev", f"{job}-win")
+        return cls(f"{job}-src", f"{job}-out", f"{job}-ev", f"{job}-win", f"{job}-copy")
 
 
 def build(job: str) -> Topology:
-    """Two keyed exits with exactly-once sinks, in one job: WordCount over text lines
-    (an unwindowed count: each count an update), and a sum per key over
-    ``WINDOW_S``-second tumbling windows of JSON events ``{"key", "value", "ts"}`` (one
-    result per window, fired by the watermark or the idle timeout)."""
+    """Three exactly-once sinks in one job: WordCount over text lines (an unwindowed
+    count: each count an update); a sum per key over ``WINDOW_S``-second tumbling
+    windows of JSON events ``{"key", "value", "ts"}`` (one result per window, fired by
+    the watermark or the idle timeout); and each event copied as it is, before any
+    aggregate (its source stage's position logged with the copies' transaction)."""
     topics = CrashTopics.of(job)
     builder = StreamBuilder(job, exactly_once_sinks=True)
     (
@@ -59,10 +61,10 @@ def build(job: str) -> Topology:
         .to_rstream()
         .sink(topics.counts)
     )
+    events = builder.source(topics.events, json_deserializer).select_timestamp("ts")
+    events.sink(topics.copies)
     (
-        builder.source(topics.events, json_deserializer)
-        .select_timestamp("ts")
-        .key_by("key")
+        events.key_by("key")
         .window(TumblingWindow.of(Time.seconds(WINDOW_S)))
         .sum("value", "sum")
         .idle_timeout(IDLE_S)

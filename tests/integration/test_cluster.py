@@ -35,7 +35,7 @@ from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state.records import Delta, decode_record, is_void
-from tests.consumer_rule import plain_counts, plain_windows
+from tests.consumer_rule import plain_copies, plain_counts, plain_windows
 from tests.event_time_reference import Queues, window_join
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
 from tests.integration._driver_process import DriverProcess
@@ -233,12 +233,12 @@ from stream_assets.windows import Time, TumblingWindow
 from .fields import describe, event_time, parse, the_key
 
 
-def build(job_id, source, sink, idle_timeout_s):
+def build(job_id, source, sink, idle_timeout_s, copies):
     builder = StreamBuilder(job_id, exactly_once_sinks=True)
+    events = builder.source(source, parse).select_timestamp(event_time)
+    events.sink(copies)
     windows = (
-        builder.source(source, parse)
-        .select_timestamp(event_time)
-        .key_by(the_key)
+        events.key_by(the_key)
         .window(TumblingWindow.of(Time.seconds(10)))
         .sum("value", "sum")
         .water_mark(5)
@@ -295,6 +295,11 @@ BASE_TS = 1_700_000_000_000  # window-aligned (multiple of 10 s)
 WAVE_MS = 30_000  # three 10 s windows per wave
 
 
+def _copied_event(body: bytes) -> tuple[int, int]:
+    event = json.loads(body)
+    return event["q"], event["n"]
+
+
 def _wave_events(rnd: random.Random, wave: int, queues: int) -> dict[int, list[dict[str, Any]]]:
     """Per source queue, events of one wave in event-time order (within 3 s jitter)."""
     out: dict[int, list[dict[str, Any]]] = {}
@@ -317,7 +322,9 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
 ) -> None:
     """A windowed sum from a user's package that only the driver has, its sink exactly
     once, on the 2-worker cluster: a plain consumer sees each window once, with the
-    reference's sum, and what the tasks printed reached the driver."""
+    reference's sum, and each event's copy (an exactly-once sink before the aggregate,
+    its step log's queues on either worker's disk) once, in order per source queue; what
+    the tasks printed reached the driver."""
     package = f"ituser_{uuid.uuid4().hex[:8]}"
     helpers, util = f"{package}_helpers", f"{package}_util"
     user_src = tmp_path / "user-src"
@@ -333,7 +340,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
     )
     (user_src / f"{util}.py").write_text(textwrap.dedent(USER_UTIL))
     job = unique("it-cws")
-    source, sink = f"{job}-src", f"{job}-out"
+    source, sink, copies = f"{job}-src", f"{job}-out", f"{job}-copies"
     admin.create_topic(source, 2)
     settings = _driver_settings(client_settings)
     rnd = random.Random(43)
@@ -341,10 +348,11 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
         spark_cluster,
         settings,
         f"{package}:build",
-        {"job_id": job, "source": source, "sink": sink, "idle_timeout_s": 3},
+        {"job_id": job, "source": source, "sink": sink, "idle_timeout_s": 3, "copies": copies},
         sys_path=[str(user_src)],
     )
     reference: dict[tuple[str, int, int], int] = collections.defaultdict(int)
+    sent: list[list[tuple[int, int]]] = [[], []]  # per source queue: (q, n) in order
     with DriverProcess(spec, log_dir=tmp_path / "driver") as driver:  # starts it
         driver.wait_started(240)
         for wave in range(3):
@@ -352,6 +360,7 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
             for q, events in per_queue.items():
                 for i, e in enumerate(events):
                     e["q"], e["n"] = q, wave * len(events) + i  # what parse() prints
+                    sent[q].append((q, e["n"]))
                 for e in events:
                     start = e["ts"] - (e["ts"] - BASE_TS) % 10_000
                     reference[(e["key"], start, start + 10_000)] += e["value"]
@@ -374,17 +383,19 @@ def test_windowed_sum_from_a_user_package_on_two_workers_fires_each_window_once(
         metrics = driver.stop(180)["metrics"]
 
     assert plain_windows(read_topic(admin, sink)) == dict(reference)
+    wait_until(lambda: len(read_topic(admin, copies)) >= 2 * 3 * 150, 120, "every copy")
+    plain_copies(read_topic(admin, copies), sent, lambda r: _copied_event(r.body))
     _assert_printed_on_the_driver(spark_cluster, driver.stderr_path, package, reference, 3 * 150)
     assert metrics["1"]["totals"]["late"] == 0
     for stage in ("0", "1"):
         assert metrics[stage]["settings_digests"] == [settings.digest()], metrics[stage]
     sys.path.insert(0, str(user_src))
     try:
-        topology = importlib.import_module(package).build(job, source, sink, 3)
+        topology = importlib.import_module(package).build(job, source, sink, 3, copies)
     finally:
         sys.path.remove(str(user_src))
-    (state_topic,) = topology.state_topics
-    voids = _assert_one_history_per_queue(admin, state_topic)
+    # The copies' step log and the sum's state: each queue one history.
+    voids = sum(_assert_one_history_per_queue(admin, t) for t in topology.state_topics)
     _report_state_costs(report, f"windowed sum from {package}", metrics["1"], voids)
 
 

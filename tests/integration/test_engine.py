@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from stream_assets.runtime.spark.worker_launcher import LAUNCHER
 from stream_assets.serde import json_deserializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.windows import SessionWindow, SlidingWindow, Time
-from tests.consumer_rule import plain_counts, plain_windows
+from tests.consumer_rule import checked_back, plain_copies, plain_counts, plain_windows
 from tests.integration._engine_util import (
     BackgroundProducer,
     Message,
@@ -689,34 +689,41 @@ class _CrashInput:
         """Messages of text lines (4 lines each)."""
         return len(self.lines) // 4
 
-    def assert_sinks_exact(self, admin: RocketMQAdmin) -> tuple[int, int, int]:
+    def assert_sinks_exact(self, admin: RocketMQAdmin) -> tuple[int, int, int, int]:
         """Each count once, rising per word to its count in the input; each window once,
-        with the reference's sum. Returns (counts, windows, results the broker's
-        check-back committed).
+        with the reference's sum; each event copied once, each source queue's in order
+        but for the copies the check-back committed (a dead step's, in the broker's
+        order). Returns (counts, windows, copies, results the broker's check-back
+        committed).
 
         A killed step's messages, if it died before ending them, are committed by the
         check-back once their end window closed: up to 25 s after the input is."""
         expected = dict(_word_reference(self.lines))
         windows = _tumbling_reference(self.events, WINDOW_S * 1000)
-        counts = self.topics.counts
+        counts, copied = self.topics.counts, self.topics.copies
         wait_until(lambda: final_counts(read_topic(admin, counts)) == expected, 120, "counts")
         wait_until(lambda: _sink_has(admin, self.topics.windows, len(windows)), 120, "windows")
+        wait_until(lambda: len(read_topic(admin, copied)) >= len(self.events), 120, "copies")
         records = read_topic(admin, counts)
         assert plain_counts(records) == expected
         fired = read_topic(admin, self.topics.windows)
         assert {(k, s): n for (k, s, _), n in plain_windows(fired).items()} == windows
-        checked = sum(1 for r in records + fired if "TRANSACTION_CHECK_TIMES" in r.properties)
-        return len(records), len(windows), checked
+        copies = read_topic(admin, copied)
+        ts = [e["ts"] for e in self.events]
+        plain_copies(copies, [ts[q::4] for q in range(4)], lambda r: json.loads(r.body)["ts"])
+        checked = sum(1 for r in records + fired + copies if checked_back(r))
+        return len(records), len(windows), len(copies), checked
 
     def produce(self, settings: RocketMQSettings, part: slice = slice(None)) -> None:
-        """Produce ``part`` of the lines' messages and of the events (events in order per
-        queue: a later part's are later in event time)."""
+        """Produce ``part`` of the lines' messages and of the events (event ``i`` to queue
+        ``i % 4``, in order per queue: a later part's are later in event time)."""
         messages = _line_messages(self.lines, 4, "k")[part]
         produce(settings, self.topics.lines, messages, threads=4)
-        events = self.events[part]
-        produce_per_queue(
-            settings, self.topics.events, {q: [_event(e) for e in events[q::4]] for q in range(4)}
-        )
+        events = list(enumerate(self.events))[part]
+        per_queue: dict[int, Sequence[bytes]] = {
+            q: [_event(e) for i, e in events if i % 4 == q] for q in range(4)
+        }
+        produce_per_queue(settings, self.topics.events, per_queue)
 
 
 def _crash_input(admin: RocketMQAdmin, job: str, scale: int = 1) -> _CrashInput:
@@ -729,8 +736,9 @@ def _crash_input(admin: RocketMQAdmin, job: str, scale: int = 1) -> _CrashInput:
         {"key": KEYS[i % len(KEYS)], "value": rnd.randint(1, 100), "ts": BASE_TS + 50 * i}
         for i in range(2_000 * scale)
     )
-    admin.create_topic(crash.topics.lines, 4)
-    admin.create_topic(crash.topics.events, 4)
+    # Spread: over two broker groups, two queues on each.
+    admin.create_topic(crash.topics.lines, 4, spread=True)
+    admin.create_topic(crash.topics.events, 4, spread=True)
     return crash
 
 
@@ -793,71 +801,14 @@ def test_kill_9s_mid_step_then_restart_an_exactly_once_sink_is_seen_once_in_orde
 
     again = engine.start(engine.instance(build_crash_topology(job), state_dir, mode=mode))
     again.await_caught_up(CATCH_UP_S)
-    counts, windows, by_check = crash.assert_sinks_exact(admin)
+    counts, windows, copies, by_check = crash.assert_sinks_exact(admin)
     report(
         f"{KILLS} kill -9s ({mode}, exactly-once sinks; {before_end} before a step's end) at "
-        f"{killed_at} of {crash.messages} messages: {counts} counts and {windows} windows, "
-        f"each seen once, in order; {by_check} committed by the broker's check-back"
+        f"{killed_at} of {crash.messages} messages: {counts} counts, {windows} windows and "
+        f"{copies} copies, each seen once, in order; {by_check} committed by the broker's "
+        "check-back"
     )
     if before_end:
         assert by_check > 0, "a step killed before its end, and none of its results checked"
     # What the killed instances committed is not read again.
     assert again.metrics[0].totals["records_in"] == crash.messages - killed_at[-1]
-
-
-def test_a_kill_9_just_after_queues_moved_keeps_exactly_once_sinks_exact(
-    engine: EngineHarness,
-    admin: RocketMQAdmin,
-    client_settings: RocketMQSettings,
-    tmp_path: Path,
-    report: Any,
-) -> None:
-    """A kill during a rebalance: a running instance gives half its queues (of every
-    topic) to a new instance on a disk of its own, which restores their state and is
-    killed -9 at one of its first five steps' ends (after the state commit, before
-    the transaction's end); a third instance, on a third disk, takes those queues
-    over. A plain reader of the sinks sees each count once, rising, and each window
-    once with the reference's sum."""
-    job = unique("it-kill-move")
-    crash = _crash_input(admin, job)
-    # Split on a window's boundary (1 000 events = 50 s): the pause while the queues move
-    # outlasts the idle timeout, which fires every open window; the second half opens
-    # new ones.
-    first_half, second_half = slice(0, 1_000), slice(1_000, None)
-    crash.produce(client_settings, first_half)
-    topology = build_crash_topology(job)
-    every_topic = [crash.topics.lines, crash.topics.events, *topology.shuffle_topics]
-    kept = {topic: [0, 1] for topic in every_topic}
-    moved = {topic: [2, 3] for topic in every_topic}
-    first = engine.start(
-        engine.instance(topology, tmp_path / "a", assignment={t: [0, 1, 2, 3] for t in every_topic})
-    )
-    first.await_caught_up(CATCH_UP_S)
-
-    # The new owner takes its queues with input coming: killed at one of its first
-    # five steps with results (restore and currency checks behind it or not).
-    first.reassign(kept, generation=1)
-    at = random.Random("kill-move").randint(1, 5)
-    site, counter = kill_before_an_end_site(tmp_path / "kill", at)
-    second = _start_crash_instance(
-        job, tmp_path / "b", client_settings.namesrv_addr, "micro-batch", site, moved, 1
-    )
-    try:
-        crash.produce(client_settings, second_half)
-        assert second.wait(180) == -signal.SIGKILL
-    finally:
-        _kill_session(second)
-    assert counter.read_text() == str(at), "not killed before a step's end"
-    moved_at = _committed(admin, job, crash.topics.lines)
-
-    first.reassign(kept, generation=2)
-    third = engine.start(engine.instance(topology, tmp_path / "c", assignment=moved, generation=2))
-    for inst in (first, third):
-        inst.await_caught_up(CATCH_UP_S)
-    counts, windows, by_check = crash.assert_sinks_exact(admin)
-    report(
-        f"queues moved at 1 000 of {crash.messages} messages; the new owner killed -9 at "
-        f"its step end {at} ({moved_at} committed): {counts} counts and {windows} windows, "
-        f"each seen once, in order; {by_check} committed by the broker's check-back"
-    )
-    assert by_check > 0, "a step killed before its end, and none of its results checked"

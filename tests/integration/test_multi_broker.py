@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import random
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -36,7 +37,10 @@ import pytest
 
 from stream_assets.broker.cluster import LocalCluster
 from stream_assets.control.allocation import allocate, topology_queues
-from stream_assets.examples import ad_join, wordcount, wordcount_arrow
+from stream_assets.dsl.builder import StreamBuilder
+from stream_assets.examples import ad_join, wordcount
+from stream_assets.examples.wordcount import identity
+from stream_assets.operators.batches import lower_words
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
@@ -46,9 +50,10 @@ from stream_assets.rocketmq.layout import TopicLayout, current_layout
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.runtime.spark.instance import Instance
+from stream_assets.serde import text_deserializer, text_serializer
 from stream_assets.settings import RocketMQSettings
 from stream_assets.state import layout as lay
-from tests.consumer_rule import plain_counts
+from tests.consumer_rule import plain_copies, plain_counts
 from tests.integration import _process_case as process_case
 from tests.integration import _shuffle_audit as shuffle_audit
 from tests.integration._cluster import SparkCluster, spark_cluster  # noqa: F401
@@ -62,6 +67,8 @@ from tests.integration._engine_util import (
     unique,
     wait_until,
 )
+from tests.integration._faults import kill_before_an_end_site
+from tests.integration._instance_process import build as build_crash_topology
 from tests.integration._load import cpu_hog
 from tests.integration._process_topologies import dedup_and_sessions
 from tests.integration.conftest import EngineHarness
@@ -71,6 +78,12 @@ from tests.integration.test_cluster import (
     ad_join_reference,
     ad_join_results,
     stored_ad_events,
+)
+from tests.integration.test_engine import (
+    _committed,
+    _crash_input,
+    _kill_session,
+    _start_crash_instance,
 )
 
 pytestmark = pytest.mark.integration
@@ -126,6 +139,15 @@ def _send_lines(settings: RocketMQSettings, topic: str, lines: Sequence[str], ta
     with BatchProducer(settings) as producer:
         for i in range(0, len(messages), 500):
             producer.send_all(messages[i : i + 500])
+
+
+def _read_per_queue(admin: RocketMQAdmin, topic: str) -> list[list[bytes]]:
+    """Every body stored in ``topic``, per queue in offset order."""
+    reader = QueueReader(admin, group=unique("it-mb-read"))
+    try:
+        return [[r.body for r in reader.read(q, 0)] for q in admin.queues(topic)]
+    finally:
+        reader.close()
 
 
 def _per_queue_counts(admin: RocketMQAdmin, topic: str) -> dict[MessageQueue, int]:
@@ -502,17 +524,32 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
     cluster_settings: RocketMQSettings,
     tmp_path: Path,
 ) -> None:
-    """Queues move with their state at each step; the sink is exactly once, its queues on
-    both groups: a plain reader sees each count once, in order, through every move."""
+    """Queues move with their state at each step; the sinks are exactly once, their queues
+    on both groups: a plain reader sees each count once, in order, and each message of a
+    second source copied once, in order per source queue (a stateless stage's step log
+    moves with its source queue), through every move."""
     job = unique("it-mb-scale")
     source, sink = _source(cluster_admin, job), f"{job}-out"
-    # The vectorised WordCount: the per-record one runs over both groups in the tests above.
-    topology = wordcount_arrow.build(job, source, sink, exactly_once=True)
+    copied, copies = _source(cluster_admin, f"{job}-c"), f"{job}-copies"
+    # The vectorised WordCount (wordcount_arrow): the per-record one runs over both groups
+    # in the tests above.
+    builder = StreamBuilder(job, exactly_once_sinks=True)
+    (
+        builder.source(source, text_deserializer)
+        .flat_map_batches(lower_words)
+        .key_by(identity)
+        .count()
+        .to_rstream()
+        .sink(sink)
+    )
+    builder.source(copied, text_deserializer).sink(copies, text_serializer)
+    topology = builder.build()
     parts = [_lines(40 + i, 3_000) for i in range(3)]
     words: collections.Counter[str] = collections.Counter()
     running: list[Instance] = []
     allocation = None
-    queues = topology_queues(topology, {source: list(range(2 * PER_GROUP))}, 4)
+    every_source = list(range(2 * PER_GROUP))
+    queues = topology_queues(topology, {source: every_source, copied: every_source}, 4)
     for step, count in enumerate((1, 3, 2)):
         allocation = allocate(queues, count, previous=allocation)
         for inst in running:  # the old generation stops (final checkpoint) first
@@ -531,6 +568,7 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
             for i in range(count)
         ]
         _send_lines(cluster_settings, source, parts[step], f"s{step}")
+        _send_lines(cluster_settings, copied, parts[step], f"c{step}")
         words.update(w for line in parts[step] for w in line.split())
         for inst in running:
             inst.await_caught_up(CATCH_UP_S)
@@ -543,7 +581,86 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
         )
         assert plain_counts(read_topic(cluster_admin, sink)) == dict(words), f"after {count}"
         assert sum(inst.metrics[0].totals["batched_in"] for inst in running) > 0
+        sent = _read_per_queue(cluster_admin, copied)
+        total = sum(map(len, sent))
+        wait_until(
+            lambda n=total: len(read_topic(cluster_admin, copies)) >= n,
+            120,
+            f"every copy after {count}",
+        )
+        plain_copies(read_topic(cluster_admin, copies), sent, lambda r: r.body)
     _assert_fully_committed(cluster_admin, job, source)
+    _assert_fully_committed(cluster_admin, job, copied)
+
+
+# -- a kill -9 at a step's end while queues move, over two broker groups --------
+
+
+def test_a_kill_9_just_after_queues_moved_over_two_broker_groups_keeps_sinks_exact(
+    cluster_engine: EngineHarness,
+    cluster_admin: RocketMQAdmin,
+    cluster_settings: RocketMQSettings,
+    tmp_path: Path,
+    report: Any,
+) -> None:
+    """A kill during a rebalance over two broker groups: a running instance gives the
+    queues of one group (of every topic) to a new instance on a disk of its own, which
+    restores their state and is killed -9 at one of its first five steps' ends (after
+    the state commit, before the transaction's end); a third instance, on a third disk,
+    takes those queues over. A plain reader of the sinks sees each count once, rising,
+    each window once with the reference's sum, and each event's copy once."""
+    job = unique("it-kill-move")
+    crash = _crash_input(cluster_admin, job)
+    # Split on a window's boundary (1 000 events = 50 s): the pause while the queues move
+    # outlasts the idle timeout, which fires every open window; the second half opens
+    # new ones.
+    first_half, second_half = slice(0, 1_000), slice(1_000, None)
+    crash.produce(cluster_settings, first_half)
+    topology = build_crash_topology(job)
+    every_topic = [crash.topics.lines, crash.topics.events, *topology.shuffle_topics]
+    kept = {topic: [0, 1] for topic in every_topic}
+    moved = {topic: [2, 3] for topic in every_topic}
+    first = cluster_engine.start(
+        cluster_engine.instance(
+            topology, tmp_path / "a", assignment={t: [0, 1, 2, 3] for t in every_topic}
+        )
+    )
+    first.await_caught_up(CATCH_UP_S)
+    for topic in every_topic:  # the moved queues are the other group's (created by now)
+        layout = current_layout(cluster_admin, topic)
+        groups = [{layout.queue(q).broker_name for q in qs} for qs in (kept[topic], moved[topic])]
+        assert len(groups[0]) == len(groups[1]) == 1 and groups[0] != groups[1], topic
+
+    # The new owner takes its queues with input coming: killed at one of its first
+    # five steps with results (restore and currency checks behind it or not).
+    first.reassign(kept, generation=1)
+    at = random.Random("kill-move").randint(1, 5)
+    site, counter = kill_before_an_end_site(tmp_path / "kill", at)
+    second = _start_crash_instance(
+        job, tmp_path / "b", cluster_settings.namesrv_addr, "micro-batch", site, moved, 1
+    )
+    try:
+        crash.produce(cluster_settings, second_half)
+        assert second.wait(180) == -signal.SIGKILL
+    finally:
+        _kill_session(second)
+    assert counter.read_text() == str(at), "not killed before a step's end"
+    moved_at = _committed(cluster_admin, job, crash.topics.lines)
+
+    first.reassign(kept, generation=2)
+    third = cluster_engine.start(
+        cluster_engine.instance(topology, tmp_path / "c", assignment=moved, generation=2)
+    )
+    for inst in (first, third):
+        inst.await_caught_up(CATCH_UP_S)
+    counts, windows, copies, by_check = crash.assert_sinks_exact(cluster_admin)
+    report(
+        f"queues moved at 1 000 of {crash.messages} messages; the new owner killed -9 at "
+        f"its step end {at} ({moved_at} committed): {counts} counts, {windows} windows and "
+        f"{copies} copies, each seen once, in order; {by_check} committed by the broker's "
+        "check-back"
+    )
+    assert by_check > 0, "a step killed before its end, and none of its results checked"
 
 
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---

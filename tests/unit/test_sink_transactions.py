@@ -320,8 +320,121 @@ def _fail_once(real: Any) -> Any:
     return commit
 
 
-def test_an_exactly_once_sink_before_any_aggregate_says_what_to_do() -> None:
-    builder = StreamBuilder("eos")
-    builder.source("lines", lambda body: body.decode()).sink("copies", exactly_once=True)
-    with pytest.raises(ValueError, match="before any aggregate"):
-        builder.build()
+def _copies_and_counts() -> Topology:
+    """Each line copied, upper-cased, to an exactly-once sink before any aggregate (a
+    positioned source stage), and its words counted (the same stage's shuffle)."""
+    builder = StreamBuilder("eos0", exactly_once_sinks=True)
+    lines = builder.source("lines", lambda body: body.decode())
+    lines.map(str.upper).sink("copies")
+    lines.flat_map(str.split).key_by(str).count().to_rstream().sink("counts")
+    return builder.build()
+
+
+def _numbered(seed: int, first: int, n: int) -> list[str]:
+    """Lines that name their number (``n<i>``): a copy tells which line it is."""
+    return [f"n{i} {line}" for i, line in enumerate(_lines(seed, n), start=first)]
+
+
+def _pipe_numbered(driver: TopologyTestDriver, lines: list[str]) -> None:
+    for line in lines:
+        driver.pipe(line, queue=int(line.split()[0][1:]) % driver.source_queues)
+
+
+def _assert_copied_once_in_order(
+    records: list[Any], lines: list[str], queues: int, unordered: frozenset[str] = frozenset()
+) -> None:
+    """Every line's copy seen once, each source queue's in the order piped, but for the
+    ``unordered`` copies: a dead step's, which the check-back commits in its own order
+    (in their place, as one block: the next step waited for all of them)."""
+    copies = [json.loads(r.body) for r in records]
+    assert collections.Counter(copies) == collections.Counter(line.upper() for line in lines)
+
+    def of_queue(values: list[str], q: int) -> list[str]:
+        mine = [v for v in values if int(v.split()[0][1:]) % queues == q]
+        return ["*" if v in unordered else v for v in mine]
+
+    for q in range(queues):
+        assert of_queue(copies, q) == of_queue([line.upper() for line in lines], q)
+
+
+def test_a_sink_before_any_aggregate_sees_each_record_once_with_its_position_logged(
+    tmp_path: Any,
+) -> None:
+    lines = _numbered(11, 0, 200)
+    topology = _copies_and_counts()
+    log_topic = topology.stages[0].state_topic
+    assert topology.stages[0].positioned and log_topic == "eos0__state__source-0"
+    with TopologyTestDriver(topology, state_dir=tmp_path, max_records_per_batch=9) as driver:
+        _pipe_numbered(driver, lines)
+        driver.advance()
+        assert not driver.broker.half
+        _assert_copied_once_in_order(driver.output_records("copies"), lines, driver.source_queues)
+        counts = driver.output_records("counts")
+        logged = driver.broker.topic(log_topic)
+        assert all(logged.end(q) > 0 for q in range(driver.source_queues))
+    assert plain_counts(counts) == collections.Counter(w for line in lines for w in line.split())
+
+
+def test_a_source_step_dead_between_its_delta_and_its_end_is_never_sent_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source step's delta landed, its end and its consumer offset did not: the next
+    owner reads the same range again, skips what the landed step read (its copies are
+    the check-back's to commit, once, in the check-back's order), and its own copies come
+    after them."""
+    first, second = _numbered(12, 0, 60), _numbered(13, 60, 60)
+    with TopologyTestDriver(_copies_and_counts(), state_dir=tmp_path) as driver:
+        broker = driver.broker
+        monkeypatch.setattr(broker, "commit", _fail_once(broker.commit))
+        _pipe_numbered(driver, first)
+        with pytest.raises(ConnectionError):
+            driver.advance()  # the first source queue's step: landed, not ended
+        stranded = len(broker.half)
+        assert stranded > 0
+        dead_step = frozenset(json.loads(message.body) for message, _ in broker.half.values())
+        driver.restore_state()  # a new owner: its stores from the state topics
+        _pipe_numbered(driver, second)
+        checks = CheckService(broker)
+        with checking(checks):
+            driver.advance()
+        assert not broker.half
+        assert checks.answers[Outcome.COMMIT] == stranded
+        replayed = [s for s in driver.stats if s.stage == 0 and s.skipped_duplicates]
+        assert replayed, "the replay skipped the records the landed step had read"
+        copies, counts = driver.output_records("copies"), driver.output_records("counts")
+    _assert_copied_once_in_order(copies, first + second, 4, dead_step)
+    assert plain_counts(counts) == collections.Counter(
+        w for line in first + second for w in line.split()
+    )
+
+
+def test_a_source_step_whose_delta_did_not_land_is_rolled_back_by_the_check_back(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = _numbered(14, 0, 80)
+    topology = _copies_and_counts()
+    with TopologyTestDriver(topology, state_dir=tmp_path) as driver:
+        broker = driver.broker
+        real = broker.send_all
+        failed: list[int] = []
+
+        def send_all(messages: list[OutgoingMessage]) -> Any:
+            if not failed and any(m.topic == topology.stages[0].state_topic for m in messages):
+                failed.append(len(broker.half))
+                raise ConnectionError("the broker went away")
+            return real(messages)
+
+        monkeypatch.setattr(broker, "send_all", send_all)
+        _pipe_numbered(driver, lines)
+        with pytest.raises(ConnectionError):
+            driver.advance()
+        assert failed and failed[0] > 0
+        checks = CheckService(broker)
+        broker.close_end_windows()
+        checks.round()
+        assert checks.answers == {Outcome.UNKNOWN: failed[0]}
+        driver.advance()
+        checks.round()
+        assert checks.answers[Outcome.ROLLBACK] == failed[0] and not broker.half
+        copies = driver.output_records("copies")
+    _assert_copied_once_in_order(copies, lines, 4)

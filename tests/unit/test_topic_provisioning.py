@@ -8,6 +8,7 @@ from typing import cast
 
 import pytest
 
+from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
 from stream_assets.rocketmq.admin import (
     BrokerRoute,
@@ -25,6 +26,7 @@ from stream_assets.rocketmq.provision import (
     provision_topics,
     topic_queue_counts,
 )
+from stream_assets.serde import text_deserializer
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 ENGINE = EngineSettings(shuffle_queues=4, sink_queues=2)
@@ -128,6 +130,25 @@ def test_two_broker_groups_every_queue_of_the_source_and_totals_spread() -> None
         assert len(topics.layouts[topic]) == ENGINE.shuffle_queues
     assert topics.layouts[SHUFFLE].pairs == topics.layouts[STATE].pairs
     assert fake.topics["wordcount__dead-letters"] == {"broker-a": 1}
+
+
+def test_a_sink_before_any_aggregate_exactly_once_gets_a_step_log_of_the_source_s_count() -> None:
+    """Its step log pairs each source queue with a state queue of the same index: one per
+    source queue, whatever the shuffle count, spread as the source is."""
+    fake = FakeAdmin({"sourceTopic": {"broker-b": 3, "broker-a": 3}}, ("broker-a", "broker-b"))
+    topology = wordcount.build(exactly_once=True)
+    builder = StreamBuilder("copies", exactly_once_sinks=True)
+    builder.source("sourceTopic", text_deserializer).sink("copied")
+    copies = builder.build()
+    log = copies.stages[0].state_topic
+    assert log == "copies__state__source-0" and not topology.stages[0].positioned
+    topics = provision_topics(cast(RocketMQAdmin, fake), copies, ENGINE)
+    assert dict(fake.created)[log] == 6 and fake.topics[log] == {"broker-a": 3, "broker-b": 3}
+    assert len(topics.layouts[log]) == len(topics.layouts["sourceTopic"]) == 6
+    fake.topics["sourceTopic"] = {"broker-a": 4, "broker-b": 4}  # the source grew
+    fake.kv.pop((LAYOUT_NAMESPACE, "sourceTopic"))
+    with pytest.raises(LayoutChangedError, match="source topic's count"):
+        provision_topics(cast(RocketMQAdmin, fake), copies, ENGINE)
 
 
 def test_a_group_gone_from_the_route_keeps_the_layout() -> None:

@@ -41,9 +41,11 @@ from typing import Any, Protocol
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.records import OutgoingMessage
 from stream_assets.rocketmq.transactions import PROPERTY_END_WINDOW, EndWindowClosedError, Prepared
+from stream_assets.state.errors import StateError
 from stream_assets.state.meta import StateMeta
 from stream_assets.state.ports import OffsetQueries, RangeReader
 from stream_assets.state.step_fate import PROPERTY_STEP, StepTag
+from stream_assets.state.store import QueueStateStore
 
 _log = logging.getLogger(__name__)
 
@@ -149,7 +151,7 @@ class StepTransaction:
 
 
 class ExactlyOnceSinks:
-    """A keyed attempt's exactly-once sinks: its transaction, and what it reads the sink
+    """An attempt's exactly-once sinks: its transaction, and what it reads the sink
     queues with when the previous step may be unended."""
 
     def __init__(
@@ -189,6 +191,45 @@ class ExactlyOnceSinks:
             _log.warning("%s; the broker's check-back commits the step's other messages", exc)
             return False
         return True
+
+    def roll_back(self) -> None:
+        """The step's delta never lands (not sent, or void): drop what it prepared."""
+        if self.transaction.prepared:
+            self.transaction.rollback_quietly()
+
+    def finish(self, store: QueueStateStore, committed: bool) -> None:
+        """After the step's commit: end its transaction and note that locally, or, if it
+        committed nothing (so prepared nothing), roll back."""
+        if not committed:
+            self.roll_back()
+        elif self.end():
+            note_ended(store)
+
+
+def record_step(meta: StateMeta, sinks: ExactlyOnceSinks | None, log_end: int) -> bytes | None:
+    """Put the step's exactly-once messages in its delta's ``meta`` (and clear the previous
+    step's). Returns the write id they name, which the delta must carry."""
+    meta.extra.pop(TX_ENDED, None)
+    meta.extra.pop(TX, None)
+    if sinks is None:
+        return None
+    tag = sinks.transaction.tag
+    if tag.at != log_end:
+        raise StateError(
+            f"{tag.encode()}: the step's sink messages name state offset {tag.at}, "
+            f"but its delta goes to {log_end}; a bug: report it"
+        )
+    messages = sinks.transaction.messages()
+    if messages is not None:
+        meta.extra[TX] = messages.to_wire()
+    return tag.write_id
+
+
+def note_ended(store: QueueStateStore) -> None:
+    """Note locally that the latest step's messages are visible (until the next commit)."""
+    meta = store.meta.copy()
+    meta.extra[TX_ENDED] = meta.seq
+    store.update_meta(meta)
 
 
 def unended(meta: StateMeta) -> StepMessages | None:

@@ -170,7 +170,9 @@ class _Task:
         for index, planner in self.planners.items():
             start = self.positions[index]
             end = planner.latest(start, self.plan.step_max_records)
-            source = self.contexts[index].stage.stage.source is not None
+            stage = self.contexts[index].stage.stage
+            # A positioned stage's sends are all stored before its delta: never held.
+            source = stage.source is not None and not stage.positioned
             for r in planner.ranges(start, end):
                 key = (index, r.queue_id)
                 transport = self.held.transport(key, r.start) if source else None

@@ -7,7 +7,9 @@ for settings. The one thing a task takes from the machine it runs on is
 *where its local disk is* (Spark's local directory), because the state of a
 queue must be on the machine that runs it.
 
-A stateful queue's step runs :func:`~stream_assets.runtime.core.keyed.attempt.run_stateful_batch`,
+A stateful queue's step runs :func:`~stream_assets.runtime.core.keyed.attempt.run_stateful_batch`
+(a source queue whose stage has exactly-once sinks, its twin
+:func:`~stream_assets.runtime.core.stage0.exactly_once.run_positioned_source_batch`),
 which first proves the local RocksDB current against the state topic (one
 offset query). A queue may run on any executor, so a queue that moved, or
 whose executor fell behind another's writes, restores from the state topic
@@ -44,6 +46,7 @@ from stream_assets.rocketmq.transactions import TransactionalSender
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.runtime.core.send_buffer import SendBuffer, Transport
+from stream_assets.runtime.core.stage0.exactly_once import run_positioned_source_batch
 from stream_assets.runtime.core.stage0.stateless import run_source_batch
 from stream_assets.runtime.drive.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.drive.outage import FAIL_AT_ONCE, OutagePolicy, ride_out_outage
@@ -129,13 +132,35 @@ def run_stateful_queue(
     >>> run_stateful_queue(ctx, 3, 120, 180, idle=()).restores  # doctest: +SKIP
     0
     """
-    stage = ctx.stage
-    head = stage.stage.head
-    assert head is not None and stage.stage.state_topic is not None
+    stats = run_stateful_batch(ctx.stage, queue_id, start, end, _queue_ports(ctx, queue_id), idle)
+    stats.settings_digest = ctx.rocketmq.digest()
+    return stats
+
+
+def run_positioned_source_queue(ctx: TaskContext, queue_id: int, start: int, end: int) -> TaskStats:
+    """One step of a source queue whose stage has exactly-once sinks
+    (:func:`.exactly_once.run_positioned_source_batch`): its position in a store on this
+    executor's disk, as a stateful queue's state."""
+    source = ctx.stage.stage.source
+    assert source is not None
+    tags = TagFilter.parse(source.tags)
+    stats = run_positioned_source_batch(
+        ctx.stage, queue_id, start, end, _queue_ports(ctx, queue_id), tags
+    )
+    stats.settings_digest = ctx.rocketmq.digest()
+    return stats
+
+
+def _queue_ports(ctx: TaskContext, queue_id: int) -> QueuePorts:
+    """What a step of a queue with a state topic runs against: the store named after the
+    stage's head (its source for a positioned stage), the broker's clients."""
+    stage = ctx.stage.stage
+    head = stage.head or stage.source
+    assert head is not None and stage.state_topic is not None
     settings = ctx.rocketmq
     producer = ctx.producer()
-    ports = QueuePorts(
-        store=partial(HANDLES.use, ctx.state_root(), stage.job_id, head.op_id, queue_id),
+    return QueuePorts(
+        store=partial(HANDLES.use, ctx.state_root(), ctx.stage.job_id, head.op_id, queue_id),
         admin=admin_for(settings),
         reader=reader_for(settings, ctx.group),
         # The queues from the context (no route lookup): one offset query when current.
@@ -143,14 +168,11 @@ def run_stateful_queue(
         input_queue=ctx.input_queue(queue_id),
         sender=lambda tx: SendBuffer(producer, transaction=tx),
         sink_port=(
-            TransactionalSender(producer, sink_transaction_group(stage.job_id))
-            if stage.stage.exactly_once_topics
+            TransactionalSender(producer, sink_transaction_group(ctx.stage.job_id))
+            if stage.exactly_once_topics
             else None
         ),
     )
-    stats = run_stateful_batch(stage, queue_id, start, end, ports, idle)
-    stats.settings_digest = settings.digest()
-    return stats
 
 
 def run_range(
@@ -158,13 +180,16 @@ def run_range(
 ) -> TaskStats:
     """Offsets ``r.start`` .. ``r.end`` of ``r``'s queue, riding out a broker outage,
     with what it prints added to ``lines``; a source stage's sends go through
-    ``transport`` where given (a real-time task's held sends).
+    ``transport`` where given (a real-time task's held sends), except a positioned
+    stage's: its sends must all be stored before its delta.
 
     A queue's step commits all or nothing: repeating it is a replay. Captured
     per attempt: only the attempt that succeeded reaches ``lines``.
     """
     if ctx.stage.stage.stateful:
         step = partial(run_stateful_queue, ctx, r.queue_id, r.start, r.end, r.idle)
+    elif ctx.stage.stage.positioned:
+        step = partial(run_positioned_source_queue, ctx, r.queue_id, r.start, r.end)
     else:
         step = partial(run_stateless_queue, ctx, r.queue_id, r.start, r.end, transport)
     stats: TaskStats = ride_out_outage(

@@ -51,6 +51,7 @@ from stream_assets.runtime.core.sink_transactions import (
     ExactlyOnceSinks,
     StepTransaction,
     TransactionPort,
+    note_ended,
 )
 from stream_assets.state.errors import ChangelogConflictError
 from stream_assets.state.ports import OffsetQueries, RangeReader
@@ -85,6 +86,11 @@ class QueuePorts:
     sink_wait_s: float = 120.0
 
 
+#: One attempt's work on a store proven current and not fenced: it reads, applies, commits
+#: its delta and ends its exactly-once sinks' transaction (store, sender, sinks) -> stats.
+StepBody = Callable[[QueueStateStore, Sender, ExactlyOnceSinks | None], TaskStats]
+
+
 def run_stateful_batch(
     ctx: StageContext,
     queue_id: int,
@@ -103,33 +109,46 @@ def run_stateful_batch(
 
     >>> stats = run_stateful_batch(ctx, 3, 120, 180, ports, idle=(1,))  # doctest: +SKIP
     """
+
+    def keyed(store: QueueStateStore, sender: Sender, sinks: ExactlyOnceSinks | None) -> TaskStats:
+        records = ports.reader.read(ports.input_queue, start, end)
+        return run_keyed_batch(ctx, queue_id, end, records, store, sender, idle, now_ms, sinks)
+
+    return run_logged_step(ctx, queue_id, ports, keyed)
+
+
+def run_logged_step(
+    ctx: StageContext, queue_id: int, ports: QueuePorts, body: StepBody
+) -> TaskStats:
+    """``body`` on queue ``queue_id``'s store once it is current, this owner is not
+    fenced and the previous step's exactly-once messages are visible, with the attempt's
+    transaction; again on a changelog conflict.
+
+    The frame of every step whose queue has a state topic: a keyed stage's
+    (:func:`run_stateful_batch`) and a source stage's with exactly-once sinks
+    (:func:`~stream_assets.runtime.core.stage0.exactly_once.run_positioned_source_batch`).
+    """
     for attempt in range(CONFLICT_ATTEMPTS):
         try:
-            return _attempt(ctx, queue_id, start, end, ports, idle, now_ms)
+            return _attempt(ctx, queue_id, ports, body)
         except ChangelogConflictError:
             if attempt == CONFLICT_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _attempt(
-    ctx: StageContext,
-    queue_id: int,
-    start: int,
-    end: int,
-    ports: QueuePorts,
-    idle: Collection[int],
-    now_ms: int | None,
-) -> TaskStats:
+def _attempt(ctx: StageContext, queue_id: int, ports: QueuePorts, body: StepBody) -> TaskStats:
     with ports.store() as store:
         began = time.monotonic()
         restored = ensure_current(store, ports.state_queue, ports.admin, ports.reader)
         check_owner(ctx, store)  # before reading or sending anything
         currency_s = time.monotonic() - began
         sinks = _exactly_once_sinks(ctx, queue_id, store, ports)
-        sender = ports.sender(None if sinks is None else sinks.transaction)
-        records = ports.reader.read(ports.input_queue, start, end)
-        stats = run_keyed_batch(ctx, queue_id, end, records, store, sender, idle, now_ms, sinks)
+        # The previous step's owner may have died before it ended the step: a key's
+        # results stay in step order if that step's are seen before this one's.
+        if sinks is not None and sinks.await_previous(store.meta):
+            note_ended(store)
+        stats = body(store, ports.sender(None if sinks is None else sinks.transaction), sinks)
         _report_currency(stats, currency_s, restored)
         stats.state_keys = store.estimated_key_count()
         stats.state_bytes = store.size_bytes()

@@ -52,15 +52,13 @@ from stream_assets.runtime.core.keyed.results import result_key
 from stream_assets.runtime.core.ports import Sender
 from stream_assets.runtime.core.shuffle_codec import decode, encode_key
 from stream_assets.runtime.core.sink_transactions import (
-    TX,
-    TX_ENDED,
     ExactlyOnceSinks,
+    record_step,
 )
 from stream_assets.serde.packing import pack
 from stream_assets.state import layout as lay
 from stream_assets.state.changelog import commit_with_changelog
-from stream_assets.state.errors import ChangelogConflictError, FencedError, StateError
-from stream_assets.state.meta import StateMeta
+from stream_assets.state.errors import ChangelogConflictError, FencedError
 from stream_assets.state.store import QueueStateStore
 from stream_assets.windows import WatermarkTracker, Window, later, window_closed
 
@@ -129,10 +127,6 @@ class _QueueBatch:
         self.ctx, self.head, self.queue_id = ctx, head, queue_id
         self.store, self.sender, self.stats = store, sender, stats
         self.sinks = sinks
-        # The previous step's owner may have died before it ended the step: a key's
-        # results stay in step order if that step's are seen before this one's.
-        if sinks is not None and sinks.await_previous(store.meta):
-            self._note_sinks_ended()
         self.meta = meta = store.next_meta()
         self.tracker = (
             WatermarkTracker.from_dict(meta.watermark)
@@ -338,42 +332,13 @@ class _QueueBatch:
         self._end_sinks()
 
     def _roll_back(self) -> None:
-        if self.sinks is not None and self.sinks.transaction.prepared:
-            self.sinks.transaction.rollback_quietly()
+        if self.sinks is not None:
+            self.sinks.roll_back()
 
     def _end_sinks(self) -> None:
         """Commit the step's exactly-once messages (its delta landed), then note it locally."""
-        if self.sinks is None:
-            return
-        if not self.committed:
-            self._roll_back()  # nothing changed, so nothing was prepared; never ends one
-            return
-        if self.sinks.end():
-            self._note_sinks_ended()
-
-    def _note_sinks_ended(self) -> None:
-        """Note locally that the latest step's messages are visible (until the next commit)."""
-        meta = self.store.meta.copy()
-        meta.extra[TX_ENDED] = meta.seq
-        self.store.update_meta(meta)
-
-    def _record_sinks(self, meta: StateMeta) -> bytes | None:
-        """Put the step's exactly-once messages in the delta. Returns the write id they
-        name."""
-        meta.extra.pop(TX_ENDED, None)
-        meta.extra.pop(TX, None)
-        if self.sinks is None:
-            return None
-        tx = self.sinks.transaction
-        if tx.tag.at != (self.store.meta.log_end or 0):
-            raise StateError(
-                f"{tx.tag.encode()}: the step's sink messages name state offset {tx.tag.at}, "
-                f"but its delta goes to {self.store.meta.log_end or 0}; a bug: report it"
-            )
-        messages = tx.messages()
-        if messages is not None:
-            meta.extra[TX] = messages.to_wire()
-        return tx.tag.write_id
+        if self.sinks is not None:
+            self.sinks.finish(self.store, self.committed)
 
     def _expire(self, watermark: int | None) -> None:
         """Move touched keys' expiry, then forget the keys the watermark passed."""
@@ -395,7 +360,7 @@ class _QueueBatch:
         claim = store.meta.generation != ctx.generation or store.meta.writer != ctx.writer
         meta.generation, meta.writer = ctx.generation, ctx.writer
         changes = self.batch.state.changes
-        write_id = self._record_sinks(meta)
+        write_id = record_step(meta, self.sinks, store.meta.log_end or 0)
         self.committed = bool(
             changes
             or self.got_input
