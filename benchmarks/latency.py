@@ -48,7 +48,14 @@ from stream_assets.settings import EngineSettings, RocketMQSettings
 
 MODES = ("micro-batch", "real-time")
 #: ``-eos``: the workload with its sink exactly once (transactional messages).
-WORKLOADS = ("passthrough", "wordcount", "wordcount-eos", "passthrough-eos")
+#: ``-keyed``: its sink keyed per record, so a step's ends need not wait for each other.
+WORKLOADS = (
+    "passthrough",
+    "wordcount",
+    "wordcount-eos",
+    "passthrough-eos",
+    "passthrough-eos-keyed",
+)
 DEFAULT_WORKLOADS = ("passthrough", "wordcount")
 
 
@@ -59,10 +66,10 @@ def engine_max(
     job = unique(f"bench-max-{workload}")
     source = f"{job}-in"
     create_topic(settings, source, args.queues)
-    eos = workload.endswith("-eos")
+    eos, keyed = "-eos" in workload, workload.endswith("-keyed")
     if workload.startswith("passthrough"):
         produce_batched(settings, source, record_bodies(args.records, args.size))
-        topology = passthrough.build(job, source, f"{job}-out", exactly_once=eos)
+        topology = passthrough.build(job, source, f"{job}-out", eos, keyed)
         return run_instance(topology, settings, engine, args.records).records_per_s
     lines = args.records
     produce_batched(settings, source, wordcount_bodies(lines, args.lines_per_message))
@@ -76,9 +83,9 @@ def measure(
     """One line of figures: the maximum, then latency at half of it."""
     best = engine_max(settings, engine, workload, args)
     rate = args.rate or best / 2
-    eos = workload.endswith("-eos")
+    eos, keyed = "-eos" in workload, workload.endswith("-keyed")
     if workload.startswith("passthrough"):
-        lat = passthrough.latency(settings, args, engine, rate, exactly_once=eos)
+        lat = passthrough.latency(settings, args, engine, rate, eos, keyed)
         sent, done = lat["latency_sent_records_per_s"], lat["latency_engine_records_per_s"]
     else:
         lat = wordcount_bench.latency(settings, args, engine, rate, exactly_once=eos)

@@ -56,12 +56,20 @@ def identity(value: Any) -> Any:
     return value
 
 
-def build(job: str, source: str, sink: str, exactly_once: bool = False) -> Topology:
+def record_key(value: bytes) -> str:
+    """A key of the record's own (its first bytes): a sink keyed by it keeps order per key,
+    which every record has to itself."""
+    return value[:16].hex()
+
+
+def build(
+    job: str, source: str, sink: str, exactly_once: bool = False, keyed: bool = False
+) -> Topology:
     """source -> map -> sink (``exactly_once``: the sink's records committed with the source
-    position, one transaction a step)."""
+    position, one transaction a step; ``keyed``: the sink keyed by :func:`record_key`)."""
     b = StreamBuilder(job)
     b.source(source, bytes_deserializer).map(identity).sink(
-        sink, text_serializer, exactly_once=exactly_once
+        sink, text_serializer, key=record_key if keyed else None, exactly_once=exactly_once
     )
     return b.build()
 
@@ -72,13 +80,14 @@ def latency(
     engine: EngineSettings,
     records_per_s: float,
     exactly_once: bool = False,
+    keyed: bool = False,
 ) -> dict[str, float]:
     """p50/p99 (ms) of source send -> sink store with records sent at ``records_per_s``
     (``exactly_once``: the sink's, committed with the source position)."""
     count = max(100, int(records_per_s * args.latency_seconds))
     job = unique("bench-pass-lat")
     run, sent = run_live(
-        build(job, f"{job}-in", f"{job}-out", exactly_once),
+        build(job, f"{job}-in", f"{job}-out", exactly_once, keyed),
         settings,
         engine,
         record_bodies(count, args.size),
@@ -90,8 +99,8 @@ def latency(
     samples: list[tuple[int, float]] = []
     seen: set[tuple[int, int]] = set()
     for r in read_all(settings, f"{job}-out"):
-        # key: job/op/<topic>/<queue>/<offset>/<n>
-        parts = (r.key or "").split("/")
+        # keys: [the sink's key] job/op/<topic>/<queue>/<offset>/<n> (the engine's, last)
+        parts = (r.keys[-1] if r.keys else "").split("/")
         origin = (int(parts[-3]), int(parts[-2]))
         if origin in seen:  # a replayed batch's copy
             continue

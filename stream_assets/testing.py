@@ -67,7 +67,8 @@ from typing import Any
 from stream_assets.plan import nodes as n
 from stream_assets.plan.topology import Stage, Topology, origin_id
 from stream_assets.rocketmq.admin import MessageQueue
-from stream_assets.rocketmq.errors import RocketMQError
+from stream_assets.rocketmq.discarded import DISCARD_TOPIC, Discarded
+from stream_assets.rocketmq.errors import RocketMQError, TopicNotFoundError
 from stream_assets.rocketmq.hashing import choose_queue, queue_for_key
 from stream_assets.rocketmq.reader import PullBatch, PullStatus
 from stream_assets.rocketmq.records import OutgoingMessage, Record, SendReceipt, checked_body
@@ -306,6 +307,45 @@ class InMemoryBroker:
             self.half.pop(p.msg_id, None)
             self.windows_closed.discard(p.msg_id)
 
+    def discard(self) -> int:
+        """Give up on every half message held now, as a broker does after
+        ``transactionCheckMax`` unanswered checks: each goes, as a copy naming its real
+        topic and queue, to ``TRANS_CHECK_MAX_TIME_TOPIC``, and is never delivered.
+        Returns how many."""
+        self.create_topic(DISCARD_TOPIC, 1)
+        now = int(time.time() * 1000)
+        for msg_id, (m, held) in list(self.half.items()):
+            props = {**(m.properties or {}), "REAL_TOPIC": m.topic, "REAL_QID": str(held.queue_id)}
+            self.append(
+                DISCARD_TOPIC,
+                m.body,
+                key=m.key,
+                queue_id=0,
+                timestamp=now,
+                properties=props,
+                tags=m.tags,
+                msg_id=msg_id,
+            )
+            del self.half[msg_id]
+            self.windows_closed.discard(msg_id)
+        return self.topic(DISCARD_TOPIC).end(0)
+
+    def resend(self, discarded: Sequence[Discarded]) -> None:
+        """Deliver discarded half messages plainly to their queues (as
+        :meth:`~stream_assets.rocketmq.transactions.TransactionalSender.resend`)."""
+        now = int(time.time() * 1000)
+        for d in discarded:
+            m = d.resent(d.queue.queue_id)  # one broker: the index is the queue id
+            self.append(
+                m.topic,
+                m.body,
+                key=m.key,
+                queue_id=m.queue_id,
+                timestamp=now,
+                properties=m.properties,
+                tags=m.tags,
+            )
+
     def _check_window(self, p: Prepared, from_check: bool) -> None:
         if p.msg_id in self.windows_closed and not from_check:
             raise EndWindowClosedError(f"end of {p.msg_id} refused: past its end window")
@@ -375,6 +415,8 @@ class _TopicView:
         return 0
 
     def max_offset(self, queue: MessageQueue) -> int:
+        if queue.topic not in self.broker.topics:
+            raise TopicNotFoundError(queue.topic, "in-memory")
         return self.broker.topic(queue.topic).end(queue.queue_id)
 
     def pull(self, queue: MessageQueue, offset: int, max_messages: int | None = None) -> PullBatch:

@@ -34,6 +34,7 @@ from pydantic import SecretStr
 
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
+from stream_assets.rocketmq.discarded import DISCARD_TOPIC
 from stream_assets.rocketmq.errors import (
     BrokerUnreachableError,
     CredentialsRefusedError,
@@ -392,6 +393,15 @@ def topology_grants(
         )
         for t in outputs
     ]
+    if exactly_once:
+        grants.append(
+            Grant(
+                f"Topic:{DISCARD_TOPIC}",
+                ("Sub", "Get"),
+                "exactly-once sinks: find a step's messages the broker discarded (unanswered "
+                "checks) to deliver them (Sub, Get)",
+            )
+        )
     why = "consumer group: pull (Sub), query offsets (Get), commit offsets (Update)"
     grants += [
         Grant(f"Group:{group}", ("Sub", "Get", "Update"), why),

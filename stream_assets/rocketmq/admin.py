@@ -32,6 +32,7 @@ from stream_assets.rocketmq.remoting import (
     ConnectionPool,
     Credentials,
     RemotingCommand,
+    RemotingConnection,
     RequestCode,
     ResponseCode,
     parse_fastjson,
@@ -305,6 +306,32 @@ class RocketMQAdmin:
             for name, b in (data.get("brokerAddrTable") or {}).items()
             if names is None or name in names
         }
+
+    def broker_config(self, broker_name: str) -> dict[str, str]:
+        """The running configuration of ``broker_name``'s master (every setting, as text).
+
+        >>> admin.broker_config("broker-a")["transactionCheckMax"]  # doctest: +SKIP
+        '720'
+        """
+        reply = self._master(broker_name).call(RequestCode.GET_BROKER_CONFIG, {})
+        self._check(reply, f"configuration of {broker_name}")
+        lines = reply.body.decode().splitlines()
+        return {k.strip(): v.strip() for k, _, v in (x.partition("=") for x in lines) if _}
+
+    def update_broker_config(self, broker_name: str, values: Mapping[str, str]) -> None:
+        """Change settings of ``broker_name``'s master while it runs (those the broker
+        reads at run time take effect at once; it also writes them to its config file)."""
+        body = "".join(f"{k}={v}\n" for k, v in values.items()).encode()
+        reply = self._master(broker_name).call(RequestCode.UPDATE_BROKER_CONFIG, {}, body)
+        self._check(reply, f"update the configuration of {broker_name} ({', '.join(values)})")
+
+    def _master(self, broker_name: str) -> RemotingConnection:
+        master = self.cluster_brokers().get(broker_name, {}).get(0)
+        if master is None:
+            raise BrokerUnreachableError(
+                f"broker group {broker_name}", self.settings.namesrv_addr, "it has no master now"
+            )
+        return self._pool.get(master, f"broker {broker_name}")
 
     # -- topics ------------------------------------------------------------
 

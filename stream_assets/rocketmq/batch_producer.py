@@ -387,6 +387,17 @@ class BatchProducer:
         slot = slots[index]
         return index, slot.broker_name, slot.addr, slot.queue_id
 
+    def index_of(self, topic: str, broker_name: str, queue_id: int) -> int:
+        """The index :meth:`send_all` sends ``queue_id=`` by for ``broker_name``'s queue
+        ``queue_id`` of ``topic``; RocketMQError if the route has no such queue now."""
+        for index, slot in enumerate(self._route(topic)[1]):
+            if (slot.broker_name, slot.queue_id) == (broker_name, queue_id):
+                return index
+        raise RocketMQError(
+            f"topic {topic!r} has no queue {queue_id} on {broker_name} in its route now "
+            "(its broker group down, or the topic's queues changed): try again when it is back"
+        )
+
     def next_msg_id(self) -> str:
         """A new message id (UNIQ_KEY), unique across this producer's messages."""
         return f"{self._id_prefix}{next(self._id_counter):012X}"

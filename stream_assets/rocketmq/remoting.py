@@ -51,6 +51,9 @@ class RequestCode(IntEnum):
     QUERY_CONSUMER_OFFSET = 14
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
+    #: A broker's runtime configuration (a Java properties text), and changes to it.
+    UPDATE_BROKER_CONFIG = 25
+    GET_BROKER_CONFIG = 26
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_MAX_OFFSET = 30
     GET_MIN_OFFSET = 31

@@ -19,6 +19,7 @@ import pytest
 
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
+from stream_assets.rocketmq.discarded import PROPERTY_ORIGINAL_ID
 from stream_assets.rocketmq.errors import SendError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.reader import QueueReader
@@ -30,6 +31,7 @@ from stream_assets.rocketmq.transactions import (
     Outcome,
     TransactionalSender,
 )
+from stream_assets.runtime.core.sink_transactions import SeenIds, StepMessages, await_visible
 from stream_assets.settings import RocketMQSettings
 from tests.integration._engine_util import wait_until
 
@@ -198,3 +200,69 @@ def test_past_its_end_window_only_the_check_back_ends_a_message(
             "the checked messages visible",
         )
     assert min(checked_at) >= born + window_s, "asked before the window closed"
+
+
+def test_a_step_whose_messages_the_broker_discarded_is_delivered_once_by_the_next(
+    admin: RocketMQAdmin, client_settings: RocketMQSettings
+) -> None:
+    """Half messages nobody answers checks for are discarded after transactionCheckMax
+    checks (lowered to 1 on the broker for this test): the broker keeps copies in
+    TRANS_CHECK_MAX_TIME_TOPIC and never delivers them. The next step's wait for them
+    finds them there and delivers each once, plainly, to its queue in its order, naming
+    its original id; a second wait finds them delivered and sends nothing."""
+    topic = f"it-txd-{uuid.uuid4().hex[:8]}"
+    group = f"it-txd-group-{uuid.uuid4().hex[:6]}"
+    admin.create_topic(topic, QUEUES)
+    (broker,) = admin.cluster_brokers()
+    before = admin.broker_config(broker)["transactionCheckMax"]
+    messages = [
+        OutgoingMessage(topic, f"d{i}".encode(), key=f"k{i % 3}", properties={"user": str(i)})
+        for i in range(12)
+    ]
+    reader = QueueReader(admin, group=f"it-txd-read-{uuid.uuid4().hex[:8]}")
+    seen = SeenIds(admin, reader)
+    admin.update_broker_config(broker, {"transactionCheckMax": "1"})
+    try:
+        with BatchProducer(client_settings) as producer:
+            born = int(time.time() * 1000)
+            # The broker's floor for a window is its transactionTimeOut (6 s here).
+            prepared = TransactionalSender(producer, group).prepare(
+                messages, {PROPERTY_END_WINDOW: "6"}
+            )
+        # The producer is gone, and no process of its group answers the checks.
+        queues: dict[MessageQueue, list[str]] = {}
+        for p in prepared:
+            queues.setdefault(MessageQueue(p.topic, p.broker_name, p.queue_id), []).append(p.msg_id)
+        step = StepMessages(born, queues)
+        wait_until(
+            lambda: len(seen.discarded(step, step.queues)) == len(prepared),
+            120,
+            "every half message discarded",
+        )
+    finally:
+        admin.update_broker_config(broker, {"transactionCheckMax": before})
+    try:
+        assert not any(_stored(admin, topic).values()), "a discarded message was delivered"
+        with BatchProducer(client_settings) as producer:
+            await_visible(seen, step, 30, TransactionalSender(producer, group).resend)
+
+        def resend_nothing(discarded: object) -> None:
+            raise AssertionError(f"re-sent again: {discarded}")
+
+        await_visible(SeenIds(admin, reader), step, 5, resend_nothing)
+    finally:
+        reader.close()
+    stored = _stored(admin, topic)
+    for queue, ids in queues.items():
+        records = stored[queue.queue_id]
+        assert [r.properties[PROPERTY_ORIGINAL_ID] for r in records] == ids, queue
+        by_id = {p.msg_id: m for p, m in zip(prepared, messages, strict=True)}
+        for r in records:
+            original = by_id[r.properties[PROPERTY_ORIGINAL_ID]]
+            assert (r.body, r.keys, r.properties["user"]) == (
+                original.body,
+                (original.key,),
+                original.properties["user"] if original.properties else None,
+            )
+            assert "TRAN_MSG" not in r.properties and "SA_STEP" not in r.properties
+    assert admin.broker_config(broker)["transactionCheckMax"] == before

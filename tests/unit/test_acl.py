@@ -130,6 +130,11 @@ def test_an_exactly_once_sink_may_also_be_read_back() -> None:
     topology = wordcount.build("wc", "lines", "counts", exactly_once=True)
     grants = {g.resource: set(g.actions) for g in acl.topology_grants(topology)}
     assert grants["Topic:counts"] == {"Pub", "Sub", "Get", "Create"}
+    assert grants["Topic:TRANS_CHECK_MAX_TIME_TOPIC"] == {"Sub", "Get"}
+    plain = wordcount.build("wc", "lines", "counts")
+    assert "Topic:TRANS_CHECK_MAX_TIME_TOPIC" not in {
+        g.resource for g in acl.topology_grants(plain)
+    }
 
 
 def _reply(code: int, remark: str | None) -> RemotingCommand:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stream_assets.rocketmq.admin import MessageQueue
-from stream_assets.rocketmq.records import OutgoingMessage
+from stream_assets.rocketmq.discarded import Discarded, discard_queue, ids_of
+from stream_assets.rocketmq.errors import TopicNotFoundError
+from stream_assets.rocketmq.records import OutgoingMessage, Record
 from stream_assets.rocketmq.transactions import PROPERTY_END_WINDOW, EndWindowClosedError, Prepared
 from stream_assets.state.errors import StateError
 from stream_assets.state.meta import StateMeta
@@ -63,6 +65,8 @@ _STEPS_KEPT = 256
 #: commit one message. Long enough for a loaded machine's step; it is also how soon
 #: the check-back resolves a dead owner's step.
 END_WINDOW_S = 20
+#: How often a wait for a step's messages looks for them among the broker's discarded ones.
+_DISCARD_LOOK_S = 5.0
 #: How far before a step's born time (the client's clock) the look goes back: the
 #: broker's clock stamps the stored copies; clocks kept by NTP differ by far less.
 _CLOCK_SKEW_MS = 5_000
@@ -80,6 +84,8 @@ class TransactionPort(Protocol):
     def commit(self, prepared: Sequence[Prepared]) -> None: ...
 
     def rollback(self, prepared: Sequence[Prepared]) -> None: ...
+
+    def resend(self, discarded: Sequence[Discarded]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,7 @@ class ExactlyOnceSinks:
         step = unended(meta)
         if step is None:
             return False
-        await_visible(self.seen, step, self.wait_s)
+        await_visible(self.seen, step, self.wait_s, self.transaction.port.resend)
         return True
 
     def end(self) -> bool:
@@ -242,7 +248,9 @@ def unended(meta: StateMeta) -> StepMessages | None:
 
 
 class SeenIds:
-    """Which of a step's messages a consumer of a sink queue sees yet.
+    """Which of a step's messages a consumer of a sink queue sees yet (by its own id, or,
+    re-sent after the broker discarded it, by the original's:
+    :func:`~stream_assets.rocketmq.discarded.ids_of`).
 
     The first look reads back from the queue's end to the step's born time (a
     committed message is stored when its commit is processed, after it was
@@ -266,41 +274,89 @@ class SeenIds:
         end = self.admin.max_offset(queue)
         known = self._read.pop((queue, wanted), None)
         if known is None:
-            found = self._back(queue, end, born_ms - _CLOCK_SKEW_MS, wanted)
+            found = {i for r in self._back(queue, end, born_ms, wanted) for i in ids_of(r) & wanted}
         else:
             found = known[1]
             for start in range(known[0], end, _SCAN_BATCH):
                 records = self.reader.pull(queue, start, min(_SCAN_BATCH, end - start)).records
-                found.update(r.msg_id for r in records if r.msg_id in wanted)
+                found.update(i for r in records for i in ids_of(r) & wanted)
         self._read[(queue, wanted)] = (end, found)
         while len(self._read) > _STEPS_KEPT:
             self._read.popitem(last=False)
         return [i for i in ids if i not in found]
 
-    def _back(self, queue: MessageQueue, end: int, floor: int, wanted: frozenset[str]) -> set[str]:
+    def discarded(
+        self, step: StepMessages, missing: Mapping[MessageQueue, list[str]]
+    ) -> list[Discarded]:
+        """Which of ``missing`` (``step``'s messages not seen yet, by queue) the broker
+        discarded: their copies, each queue's in the step's order."""
+        wanted: dict[str, set[str]] = {}
+        for queue, ids in missing.items():
+            wanted.setdefault(queue.broker_name, set()).update(ids)
+        found: list[Discarded] = []
+        for broker, of_broker in wanted.items():
+            where = discard_queue(broker)
+            try:
+                end = self.admin.max_offset(where)
+            except TopicNotFoundError:  # the broker never discarded anything
+                continue
+            # Discarded after the step was prepared: at most back to its born time.
+            copies = self._back(where, end, step.born_ms, frozenset(of_broker))
+            found += [Discarded(broker, r) for r in copies]
+        rank = {i: n for ids in missing.values() for n, i in enumerate(ids)}
+        return sorted(found, key=lambda d: rank[d.record.msg_id])
+
+    def _back(
+        self, queue: MessageQueue, end: int, born_ms: int, wanted: frozenset[str]
+    ) -> list[Record]:
+        """``queue``'s records answering to one of ``wanted``, read back from ``end`` to
+        ``born_ms`` (less the clock skew)."""
+        floor = born_ms - _CLOCK_SKEW_MS
         low = self.admin.min_offset(queue)
-        found: set[str] = set()
+        found: list[Record] = []
         while end > low:
             start = max(low, end - _SCAN_BATCH)
             records = self.reader.pull(queue, start, end - start).records
-            found.update(r.msg_id for r in records if r.msg_id in wanted)
+            found += [r for r in records if ids_of(r) & wanted]
             if not records or records[0].store_timestamp < floor:
                 break
             end = start
         return found
 
 
-def await_visible(seen: SeenIds, step: StepMessages, wait_s: float, poll_s: float = 0.25) -> None:
-    """Return once every message of ``step`` is visible (the check-back committed it);
-    TimeoutError after ``wait_s``, naming what is missing and what to check."""
+def await_visible(
+    seen: SeenIds,
+    step: StepMessages,
+    wait_s: float,
+    resend: Callable[[Sequence[Discarded]], None],
+    poll_s: float = 0.25,
+) -> None:
+    """Return once every message of ``step`` is visible (the check-back committed it, or
+    ``resend`` delivered it after the broker discarded it); TimeoutError after
+    ``wait_s``, naming what is missing and what to check."""
     deadline = time.monotonic() + wait_s
     missing = dict(step.queues)
+    look_for_discards = time.monotonic()
     while True:
         missing = {
             q: left for q, ids in missing.items() if (left := seen.unseen(q, step.born_ms, ids))
         }
         if not missing:
             return
+        if time.monotonic() >= look_for_discards:
+            # A step's owner died and no instance answered the broker's checks for
+            # transactionCheckMax rounds: the broker gave up on its messages. They
+            # are due (the step landed), so they are delivered plainly, once.
+            gone = seen.discarded(step, missing)
+            if gone:
+                _log.warning(
+                    "%d exactly-once sink messages of the previous step were discarded by "
+                    "the broker (no instance answered its checks in time): re-sending them",
+                    len(gone),
+                )
+                resend(gone)
+                continue
+            look_for_discards = time.monotonic() + _DISCARD_LOOK_S
         if time.monotonic() >= deadline:
             sample = next(iter(missing.items()))
             raise TimeoutError(
@@ -309,9 +365,9 @@ def await_visible(seen: SeenIds, step: StepMessages, wait_s: float, poll_s: floa
                 f"{sample[0].topic}[{sample[0].queue_id}] on {sample[0].broker_name}: "
                 f"{sample[1][:3]}). The broker's check-back commits them: check that an "
                 "instance of the job runs (its driver answers the checks) and that the "
-                "broker's transactionCheckInterval is set. If the job was stopped after a "
-                "crash for longer than the broker's transactionCheckMax checks, the broker "
-                "discarded them (to TRANS_CHECK_MAX_TIME_TOPIC) and this queue cannot go on "
-                "exactly once: reset the job (docs/guarantees.md)"
+                "broker's transactionCheckInterval is set. Messages the broker discarded "
+                "(to TRANS_CHECK_MAX_TIME_TOPIC) are re-sent as soon as they are found there; "
+                "if that topic is gone, this queue cannot go on exactly once: reset the job "
+                "(docs/guarantees.md)"
             )
         time.sleep(poll_s)
