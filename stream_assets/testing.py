@@ -289,16 +289,7 @@ class InMemoryBroker:
             self._check_window(p, from_check)
             m, held = self.half.pop(p.msg_id)
             self.windows_closed.discard(p.msg_id)
-            self.append(
-                m.topic,
-                m.body,
-                key=m.key,
-                queue_id=held.queue_id,
-                timestamp=now,
-                properties=m.properties,
-                tags=m.tags,
-                msg_id=p.msg_id,
-            )
+            self._store(m, held.queue_id, now, p.msg_id)
 
     def rollback(self, prepared: Sequence[Prepared], *, from_check: bool = False) -> None:
         """Drop prepared messages (refused past the window as :meth:`commit` is)."""
@@ -316,16 +307,8 @@ class InMemoryBroker:
         now = int(time.time() * 1000)
         for msg_id, (m, held) in list(self.half.items()):
             props = {**(m.properties or {}), "REAL_TOPIC": m.topic, "REAL_QID": str(held.queue_id)}
-            self.append(
-                DISCARD_TOPIC,
-                m.body,
-                key=m.key,
-                queue_id=0,
-                timestamp=now,
-                properties=props,
-                tags=m.tags,
-                msg_id=msg_id,
-            )
+            copy = dataclasses.replace(m, topic=DISCARD_TOPIC, properties=props)
+            self._store(copy, 0, now, msg_id)
             del self.half[msg_id]
             self.windows_closed.discard(msg_id)
         return self.topic(DISCARD_TOPIC).end(0)
@@ -335,16 +318,22 @@ class InMemoryBroker:
         :meth:`~stream_assets.rocketmq.transactions.TransactionalSender.resend`)."""
         now = int(time.time() * 1000)
         for d in discarded:
-            m = d.resent(d.queue.queue_id)  # one broker: the index is the queue id
-            self.append(
-                m.topic,
-                m.body,
-                key=m.key,
-                queue_id=m.queue_id,
-                timestamp=now,
-                properties=m.properties,
-                tags=m.tags,
-            )
+            self._store(d.resent(d.queue.queue_id), d.queue.queue_id, now)  # index == id
+
+    def _store(
+        self, m: OutgoingMessage, queue_id: int, timestamp: int, msg_id: str | None = None
+    ) -> None:
+        """Store ``m`` in ``queue_id`` as a broker stores a message it was handed now."""
+        self.append(
+            m.topic,
+            m.body,
+            key=m.key,
+            queue_id=queue_id,
+            timestamp=timestamp,
+            properties=m.properties,
+            tags=m.tags,
+            msg_id=msg_id,
+        )
 
     def _check_window(self, p: Prepared, from_check: bool) -> None:
         if p.msg_id in self.windows_closed and not from_check:

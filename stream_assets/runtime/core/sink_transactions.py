@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from stream_assets.rocketmq.admin import MessageQueue
 from stream_assets.rocketmq.discarded import Discarded, discard_queue, ids_of
-from stream_assets.rocketmq.errors import TopicNotFoundError
+from stream_assets.rocketmq.errors import CredentialsRefusedError, TopicNotFoundError
 from stream_assets.rocketmq.records import OutgoingMessage, Record
 from stream_assets.rocketmq.transactions import PROPERTY_END_WINDOW, EndWindowClosedError, Prepared
 from stream_assets.state.errors import StateError
@@ -298,10 +298,19 @@ class SeenIds:
             where = discard_queue(broker)
             try:
                 end = self.admin.max_offset(where)
+                # Discarded after the step was prepared: at most back to its born time.
+                copies = self._back(where, end, step.born_ms, frozenset(of_broker))
             except TopicNotFoundError:  # the broker never discarded anything
                 continue
-            # Discarded after the step was prepared: at most back to its born time.
-            copies = self._back(where, end, step.born_ms, frozenset(of_broker))
+            except CredentialsRefusedError as exc:  # a user granted before this existed
+                _log.warning(
+                    "cannot look for discarded sink messages on %s (%s): grant Sub and Get on "
+                    "%s (docs/acl.md), or such a step waits for them in vain",
+                    broker,
+                    exc,
+                    where.topic,
+                )
+                continue
             found += [Discarded(broker, r) for r in copies]
         rank = {i: n for ids in missing.values() for n, i in enumerate(ids)}
         return sorted(found, key=lambda d: rank[d.record.msg_id])
