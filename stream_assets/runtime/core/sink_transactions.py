@@ -346,6 +346,7 @@ def await_visible(
     deadline = time.monotonic() + wait_s
     missing = dict(step.queues)
     look_for_discards = time.monotonic()
+    resent: set[str] = set()
     while True:
         missing = {
             q: left for q, ids in missing.items() if (left := seen.unseen(q, step.born_ms, ids))
@@ -355,8 +356,11 @@ def await_visible(
         if time.monotonic() >= look_for_discards:
             # A step's owner died and no instance answered the broker's checks for
             # transactionCheckMax rounds: the broker gave up on its messages. They
-            # are due (the step landed), so they are delivered plainly, once.
-            gone = seen.discarded(step, missing)
+            # are due (the step landed), so they are delivered plainly, once. The
+            # copies stay in the discard queue, and a re-sent message may show in its
+            # queue's offsets a moment after the send returned (the broker indexes
+            # it behind the write): one re-send per id per wait.
+            gone = [d for d in seen.discarded(step, missing) if d.record.msg_id not in resent]
             if gone:
                 _log.warning(
                     "%d exactly-once sink messages of the previous step were discarded by "
@@ -364,7 +368,7 @@ def await_visible(
                     len(gone),
                 )
                 resend(gone)
-                continue
+                resent.update(d.record.msg_id for d in gone)
             look_for_discards = time.monotonic() + _DISCARD_LOOK_S
         if time.monotonic() >= deadline:
             sample = next(iter(missing.items()))
