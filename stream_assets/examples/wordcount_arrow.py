@@ -30,6 +30,19 @@ def build(
 ) -> Topology:
     """The vectorised WordCount topology (``exactly_once``: its sink's)."""
     builder = StreamBuilder(job_id, exactly_once_sinks=exactly_once)
+    count_words(builder, source, sink)
+    return builder.build()
+
+
+def count_words(builder: StreamBuilder, source: str, sink: str) -> None:
+    """Add the vectorised WordCount of ``source`` into ``sink`` to ``builder`` (beside what
+    else it builds).
+
+    >>> b = StreamBuilder("wc")
+    >>> count_words(b, "lines", "counts")
+    >>> [s.input_topic for s in b.build().stages]
+    ['lines', 'wc__shuffle__aggregate']
+    """
     (
         builder.source(source, text_deserializer)
         .flat_map_batches(lower_words)
@@ -38,4 +51,3 @@ def build(
         .to_rstream()
         .sink(sink)
     )
-    return builder.build()

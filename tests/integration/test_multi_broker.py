@@ -38,9 +38,7 @@ import pytest
 from stream_assets.broker.cluster import LocalCluster
 from stream_assets.control.allocation import allocate, topology_queues
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples import ad_join, wordcount
-from stream_assets.examples.wordcount import identity
-from stream_assets.operators.batches import lower_words
+from stream_assets.examples import ad_join, wordcount, wordcount_arrow
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.admin import MessageQueue, RocketMQAdmin
 from stream_assets.rocketmq.batch_producer import BatchProducer, OutgoingMessage
@@ -534,14 +532,7 @@ def test_scale_1_3_2_over_two_broker_groups_keeps_counts_exact(
     # The vectorised WordCount (wordcount_arrow): the per-record one runs over both groups
     # in the tests above.
     builder = StreamBuilder(job, exactly_once_sinks=True)
-    (
-        builder.source(source, text_deserializer)
-        .flat_map_batches(lower_words)
-        .key_by(identity)
-        .count()
-        .to_rstream()
-        .sink(sink)
-    )
+    wordcount_arrow.count_words(builder, source, sink)
     builder.source(copied, text_deserializer).sink(copies, text_serializer)
     topology = builder.build()
     parts = [_lines(40 + i, 3_000) for i in range(3)]

@@ -253,10 +253,10 @@ def test_a_step_whose_messages_the_broker_discarded_is_delivered_once_by_the_nex
     finally:
         reader.close()
     stored = _stored(admin, topic)
+    by_id = {p.msg_id: m for p, m in zip(prepared, messages, strict=True)}
     for queue, ids in queues.items():
         records = stored[queue.queue_id]
         assert [r.properties[PROPERTY_ORIGINAL_ID] for r in records] == ids, queue
-        by_id = {p.msg_id: m for p, m in zip(prepared, messages, strict=True)}
         for r in records:
             original = by_id[r.properties[PROPERTY_ORIGINAL_ID]]
             assert (r.body, r.keys, r.properties["user"]) == (
