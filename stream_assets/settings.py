@@ -237,7 +237,8 @@ class EngineSettings(BaseSettings):
         ge=0,
         description="Real-time mode: long-running tasks an instance runs (each takes a task "
         "slot for the whole interval). 0: as many as its Spark application has slots (at "
-        "most one per queue). Set it where instances share one Spark application.",
+        "most one per queue), shared fairly among the real-time instances this process "
+        "runs on that application (docs/engine.md).",
     )
     idle_poll_ms: int = Field(
         default=20,

@@ -4,9 +4,10 @@ slave, broker-b master).
 In controller mode, as production RocketMQ 5 clusters run: a killed master's
 in-sync slave is promoted by the controller.
 
-Started once per session (data under .local/test-rocketmq-cluster), or reused
-if it already runs and serves; a cluster this session started is stopped at
-its end, one it found serving is left running. Ports default to the cluster's
+Started once per session from empty stores (data under
+.local/test-rocketmq-cluster), or reused if it already runs and serves; a
+cluster this session started is stopped at its end, one it found serving is
+left running. Ports default to the cluster's
 own (29876, controller 29878; brokers 30911, 31911, 28911, each also using port
 - 2 and port + 1) and can be moved with ``STREAM_ASSETS_TEST_CLUSTER_NAMESRV_PORT``,
 ``..._CONTROLLER_PORT``,
@@ -54,6 +55,9 @@ def rocketmq_cluster() -> Iterator[LocalCluster]:
     """The started integration-test cluster (every node registered)."""
     cluster = LocalCluster(integration_cluster_settings())
     was_serving = cluster.status().serving
+    if not was_serving:
+        cluster.stop()  # a node left running alone by an interrupted session
+        cluster.wipe()  # every session starts from empty stores
     cluster.start()
     for group in cluster.groups:  # a controller keeps the roles of the last run
         cluster.hand_back_master(group)

@@ -62,6 +62,8 @@ def _wordcount(
             "shuffle_queues": 2,
             "sink_queues": 2,
             "trigger_interval_ms": 300,
+            # The source runner is the micro-batch mode's (the real-time mode has none).
+            "mode": "micro-batch",
         },
     }
     with DriverProcess(spec, log_dir=tmp_path / "driver", python=str(python)) as driver:

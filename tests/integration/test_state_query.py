@@ -80,12 +80,13 @@ def running(
     _send(client_settings, source, lines, "a")
     topology = wordcount.build(job, source, f"{job}-out")
     REGISTRY[job] = TopologyRegistration(job, lambda: topology)
-    # Small batches and frequent snapshots: each state queue holds several
-    # commits and a snapshot, so a query rebuilds from snapshot + tail.
+    # Small batches (steps, in real-time mode) and frequent snapshots: each state
+    # queue holds several commits and a snapshot, so a query rebuilds from snapshot + tail.
     inst = engine_session.instance(
         topology,
         tmp_path_factory.mktemp("sq_state") / "state",
         max_records_per_batch=15,
+        step_max_records=15,
         snapshot_every=2,
     )
     engine_session.start(inst)

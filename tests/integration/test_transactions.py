@@ -99,7 +99,10 @@ OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 def _ended_half_offsets(admin: RocketMQAdmin, broker_name: str) -> set[int]:
     reader = QueueReader(admin, group=f"it-tx-ops-{uuid.uuid4().hex[:8]}")
     try:
-        records = reader.read(MessageQueue(OP_TOPIC, broker_name, 0), 0)
+        queue = MessageQueue(OP_TOPIC, broker_name, 0)
+        # From the first op record still stored: a broker that has served for days has
+        # deleted its expired files (fileReservedTime), and this test's are the newest.
+        records = reader.read(queue, admin.min_offset(queue))
         return {int(o) for r in records if r.tags == "d" for o in r.body.decode().split(",") if o}
     finally:
         reader.close()

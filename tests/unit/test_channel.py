@@ -68,6 +68,25 @@ def test_a_stop_wakes_a_waiting_task_at_once_and_reaches_later_ones() -> None:
         client.close(), server.close()
 
 
+def test_after_resume_a_new_task_runs_and_a_later_stop_still_reaches_it() -> None:
+    """An interval ended early to deal the queues anew: the next interval's tasks run."""
+    rows: list[dict[str, Any]] = []
+    server = _server(rows)
+    try:
+        server.request_stop()
+        server.resume()
+        task = ChannelClient(server.address, server.token)
+        task.send_rows([{"step": 1}])
+        # The greeting is handled before the rows: a stop would already be on its way.
+        _await(server, lambda: len(rows) == 1)
+        assert not task.stop_requested()
+        server.request_stop()
+        assert task.wait(10.0)
+        task.close()
+    finally:
+        server.close()
+
+
 def test_a_task_whose_instance_is_gone_stops() -> None:
     server = _server([])
     client = ChannelClient(server.address, server.token)

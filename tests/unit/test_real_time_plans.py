@@ -7,7 +7,7 @@ from typing import Any
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.runtime.drive.outage import FAIL_AT_ONCE
 from stream_assets.runtime.drive.planning import StageOptions, position_key
-from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup
+from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup, _Sharing, task_share
 
 
 class _Server:
@@ -54,7 +54,7 @@ def _options() -> dict[int, StageOptions]:
 
 
 def test_every_assigned_queue_goes_to_exactly_one_task_with_its_own_position() -> None:
-    plans = _query(_options())._plans(slots=2)
+    plans = _query(_options())._plans(slots=2, interval_s=1.0)
     assert len(plans) == 2
     dealt = sorted((i, q) for p in plans for i, o in p.options.items() for q in o.queues or ())
     assert dealt == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
@@ -70,6 +70,33 @@ def test_every_assigned_queue_goes_to_exactly_one_task_with_its_own_position() -
 
 def test_no_more_tasks_than_queues_and_none_without_queues() -> None:
     options = _options()
-    assert len(_query(options)._plans(slots=64)) == 7
+    assert len(_query(options)._plans(slots=64, interval_s=1.0)) == 7
     idle = {0: StageOptions(topic="src", queues=(), layouts={"src": _layout("src", 4)})}
-    assert _query(idle)._plans(slots=2) == []
+    assert _query(idle)._plans(slots=2, interval_s=1.0) == []
+
+
+class _Query:
+    def __init__(self) -> None:
+        self.redeals = 0
+
+    def redeal(self) -> None:
+        self.redeals += 1
+
+
+def test_queries_of_one_application_share_its_slots_and_redeal_as_they_come_and_go() -> None:
+    """A newcomer or a leaver makes every other query of the same application deal its
+    queues anew (so slots move within a step); another application's are untouched."""
+    sharing = _Sharing()
+    a, b, c, elsewhere = _Query(), _Query(), _Query(), _Query()
+    sharing.join(1, a)  # type: ignore[arg-type]
+    sharing.join(2, elsewhere)  # type: ignore[arg-type]
+    sharing.join(1, b)  # type: ignore[arg-type]
+    assert (a.redeals, b.redeals, elsewhere.redeals) == (1, 0, 0)
+    sharing.join(1, c)  # type: ignore[arg-type]
+    assert (a.redeals, b.redeals, c.redeals) == (2, 1, 0)
+    assert sharing.count(1) == 3 and sharing.count(2) == 1 and sharing.count(3) == 1
+    assert task_share(slots=2, queries=sharing.count(1)) == (1, True)
+    sharing.leave(1, b)  # type: ignore[arg-type]
+    sharing.leave(1, b)  # type: ignore[arg-type]  # twice: once only
+    assert (a.redeals, b.redeals, c.redeals, elsewhere.redeals) == (3, 1, 1, 0)
+    assert task_share(slots=2, queries=sharing.count(1)) == (1, False)

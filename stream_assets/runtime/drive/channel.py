@@ -119,6 +119,12 @@ class ChannelServer:
         for peer in peers:
             self._send_stop(peer)
 
+    def resume(self) -> None:
+        """Tasks that connect from now on run again (after an interval ended early to
+        deal the queues anew, :class:`~stream_assets.runtime.spark.real_time.RealTimeQuery`)."""
+        with self._lock:
+            self._stopping = False
+
     def close(self) -> None:
         """Stop serving; tasks still connected see the connection end (and stop)."""
         self._closed.set()

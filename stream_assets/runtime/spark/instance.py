@@ -554,6 +554,7 @@ class Instance:
             tasks=self.engine.real_time_tasks,
             on_rows=self._steps_done,
             admin=lambda: self._admin,
+            progress=self.progress,
         )
         name = f"{self.topology.job_id}-real-time-{uuid.uuid4().hex[:6]}"
         return RealTimeQuery(

@@ -59,6 +59,72 @@ class RealTimeSetup:
     #: Each step's stats rows, on the channel's thread (commit, then count).
     on_rows: Callable[[list[dict[str, Any]]], None]
     admin: Callable[[], RocketMQAdmin]
+    #: Where a line for the user goes (the instance's progress).
+    progress: Callable[[str], None] = print
+
+
+#: While an application's task slots cannot hold a task of every real-time query it
+#: runs, the queries take turns in intervals this short: a query waits for a slot at
+#: most about this long instead of a whole interval.
+TURN_INTERVAL_S = 2.0
+
+
+def task_share(slots: int, queries: int, tasks: int = 0) -> tuple[int, bool]:
+    """How many long-running tasks one of ``queries`` real-time queries of one Spark
+    application runs per interval (``tasks``: the setting, 0 for a fair share of the
+    ``slots``), and whether the queries must take turns for slots.
+
+    A long-running task holds its slot for the whole interval, so queries that each
+    took every slot would run one at a time, an interval each.
+
+    >>> task_share(slots=8, queries=1)
+    (8, False)
+    >>> task_share(slots=8, queries=3)
+    (2, False)
+    >>> task_share(slots=2, queries=3)
+    (1, True)
+    >>> task_share(slots=4, queries=2, tasks=3)
+    (3, True)
+    """
+    share = tasks or max(1, slots // max(1, queries))
+    return share, share * queries > slots
+
+
+class _Sharing:
+    """The real-time queries running on each Spark application of this process.
+
+    Registering or leaving deals every other query's queues anew at its next step
+    (:meth:`RealTimeQuery.redeal`): a newcomer gets slots within a step, not an
+    interval, and the rest grow back when one stops.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queries: dict[int, list[RealTimeQuery]] = {}
+
+    def join(self, app: int, query: RealTimeQuery) -> None:
+        with self._lock:
+            others = list(self._queries.get(app, []))
+            self._queries.setdefault(app, []).append(query)
+        for other in others:
+            other.redeal()
+
+    def leave(self, app: int, query: RealTimeQuery) -> None:
+        with self._lock:
+            mine = self._queries.get(app, [])
+            if query not in mine:
+                return
+            mine.remove(query)
+            others = list(mine)
+        for other in others:
+            other.redeal()
+
+    def count(self, app: int) -> int:
+        with self._lock:
+            return max(1, len(self._queries.get(app, [])))
+
+
+_SHARING = _Sharing()
 
 
 def _print_text(text: str) -> None:
@@ -88,6 +154,11 @@ class RealTimeQuery:
         self._positions: dict[int, dict[str, Any]] = {}
         self._server: ChannelServer | None = None
         self._thread = threading.Thread(target=self._run, name=f"real-time {name}", daemon=True)
+        #: Held while an interval's tasks are told to run or to stop, so that a stop
+        #: cannot fall between the two (its tasks would run their whole interval).
+        self._lock = threading.Lock()
+        self._app = 0  # the Spark application, once started (see _SHARING)
+        self._taking_turns = False
         #: Structured Streaming's query status, as :meth:`Instance._stop_queries` reads it:
         #: a stop never waits for an interval to end, the tasks end it.
         self.status = {"isTriggerActive": False}
@@ -105,8 +176,17 @@ class RealTimeQuery:
             self._positions[index] = planner.initial()
         host = self._spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1")
         self._server = ChannelServer(host, self._setup.on_rows, _print_text)
+        self._app = id(self._spark.sparkContext)
+        _SHARING.join(self._app, self)
         self._thread.start()
         return self
+
+    def redeal(self) -> None:
+        """End this interval after each task's step in flight and deal the queues anew
+        (another query of this application started or stopped)."""
+        with self._lock:
+            if self._server is not None and not self._stopping.is_set():
+                self._server.request_stop()
 
     @property
     def isActive(self) -> bool:
@@ -120,9 +200,10 @@ class RealTimeQuery:
 
     def stop(self, timeout_s: float = 120.0) -> None:
         """Every task ends after its step in flight; the interval's job then ends."""
-        self._stopping.set()
-        if self._server is not None:
-            self._server.request_stop()
+        with self._lock:
+            self._stopping.set()
+            if self._server is not None:
+                self._server.request_stop()
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
             self._spark.sparkContext.cancelJobGroup(self._job_group)
@@ -133,8 +214,13 @@ class RealTimeQuery:
     def _run(self) -> None:
         sc = self._spark.sparkContext
         try:
-            while not self._stopping.is_set():
-                plans = self._plans(self._setup.tasks or max(1, sc.defaultParallelism))
+            while True:
+                with self._lock:
+                    if self._stopping.is_set():
+                        break
+                    assert self._server is not None
+                    self._server.resume()  # an interval ended early by a redeal
+                plans = self._plans(*self._share(sc.defaultParallelism))
                 if not plans:  # no queue assigned: nothing to run until the next change
                     self._stopping.wait()
                     break
@@ -151,8 +237,27 @@ class RealTimeQuery:
         except BaseException as exc:
             if not self._stopping.is_set():
                 self._error = exc
+        finally:
+            _SHARING.leave(self._app, self)
 
-    def _plans(self, slots: int) -> list[IntervalPlan]:
+    def _share(self, slots: int) -> tuple[int, float]:
+        """This interval's tasks and length, beside the application's other queries."""
+        queries = _SHARING.count(self._app)
+        tasks, turns = task_share(slots, queries, self._setup.tasks)
+        if turns and not self._taking_turns:
+            self._setup.progress(
+                f"warning: {queries} real-time instances share this Spark application's "
+                f"{slots} task slots, and each of their long-running tasks holds one for "
+                f"an interval: they take turns in {TURN_INTERVAL_S:.0f}-second intervals, "
+                "so results can wait that long. Give the application more slots (e.g. "
+                "spark_master 'local[N]', spark.cores.max) or run those instances in "
+                "micro-batch mode."
+            )
+        self._taking_turns = turns
+        interval_s = self._setup.interval_s
+        return tasks, min(interval_s, TURN_INTERVAL_S) if turns else interval_s
+
+    def _plans(self, slots: int, interval_s: float) -> list[IntervalPlan]:
         """Every stage's queues dealt over at most ``slots`` tasks, stages interleaved."""
         pairs = [
             (index, queue)
@@ -178,7 +283,7 @@ class RealTimeQuery:
                     positions={i: self._own_positions(i, options[i]) for i in mine},
                     group=self._setup.group,
                     planned_group=self._setup.planned_group,
-                    interval_s=self._setup.interval_s,
+                    interval_s=interval_s,
                     step_max_records=self._setup.step_max_records,
                     idle_poll_s=self._setup.idle_poll_s,
                     held_send_bytes=self._setup.held_send_bytes,
