@@ -168,10 +168,10 @@ def test_vectorised_wordcount_on_two_workers_with_a_worker_killed_mid_stream_cou
     """The vectorised WordCount (batch operators, counted a batch at a time) in real-time
     mode, its sink exactly once: the worker dies mid-interval, its task's steps half done
     (some perhaps between their delta and the end of their transaction). A plain reader
-    of the sink sees each count once, in order. A worker killed under
-    micro-batches: the second key_by stage below, and the processors over two broker
-    groups (test_multi_broker.py, both modes); the per-record WordCount runs on this
-    cluster in the production-shaped test."""
+    of the sink sees each count once, in order. A worker killed in the other tests:
+    the second key_by stage below (the default, real-time mode), and the processors
+    over two broker groups (test_multi_broker.py, micro-batch); the per-record
+    WordCount runs on this cluster in the production-shaped test."""
     job = unique("it-cwc")
     source, sink = f"{job}-src", f"{job}-out"
     admin.create_topic(source, 4)

@@ -273,8 +273,8 @@ def test_windowed_sum_fires_exact_windows_and_diverts_late_events(
     )
     # All on-time events are stored before the instance starts: one origin, one batch.
     produce(client_settings, source, [Message(_event(e)) for e in on_time])
-    modes = {"real-time": {"mode": mode, "interval_ms": 900_000}, "micro-batch": {}}
-    inst = engine.start(engine.instance(topology, tmp_path / "state", **modes[mode]))
+    modes = {"real-time": {"interval_ms": 900_000}, "micro-batch": {}}
+    inst = engine.start(engine.instance(topology, tmp_path / "state", mode=mode, **modes[mode]))
 
     # The watermark fires the early windows; the idle timeout flushes the rest.
     wait_until(lambda: _sink_has(admin, sink, len(reference)), 90, "every on-time window")

@@ -5,12 +5,13 @@ A topic is the union of its queues on both groups: every source here has 4
 queues on ``broker-a`` and 4 on ``broker-b``, and every answer is compared with
 a reference computed from the input with plain Python. Failover: broker-a's
 master killed mid-stream and its slave promoted, results resuming without an
-instance restart, under a keyed WordCount (micro-batch, then started again on
-the promoted slave) and a windowed join (real-time mode); broker-b (no slave)
+instance restart, under a keyed WordCount (started again on
+the promoted slave) and a windowed join; broker-b (no slave)
 stopped for 3 minutes in real-time mode, broker-a's keys exact while it is
 down, waited for and reported. Nothing is lost or doubled, and the job starts
 again cleanly. (Windows over both groups are the join's; in micro-batch mode,
-test_engine.py's and test_cluster.py's on one broker.)
+test_engine.py's on one broker.) Every test here runs in the default
+(real-time) mode unless it names its mode.
 Stateful logic on two Spark workers under CPU load, a worker killed: the
 user's processors (de-duplication with a TTL, sessions closed by timers under a
 TTL shorter than their gap). (A windowed join on two workers is
@@ -657,9 +658,9 @@ def test_a_kill_9_just_after_queues_moved_over_two_broker_groups_keeps_sinks_exa
 # -- process(): de-duplication and sessions under TTLs, 2 workers, under load ---
 
 
-# Micro-batch only (the default mode), for CI's hour: the real-time task's driver runs the
-# same per-queue core, and is proven on this cluster by the join failover and the
-# vectorised WordCount with a worker killed (test_cluster.py).
+# Micro-batch only, for CI's hour: the micro-batch mode's share of the cluster with a
+# worker killed. The real-time mode (the default) is proven on two workers with a worker
+# killed by test_cluster.py, and over two broker groups by every other test here.
 @pytest.mark.parametrize("mode", ["micro-batch"])
 def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_worker_killed(
     spark_cluster: SparkCluster,  # noqa: F811

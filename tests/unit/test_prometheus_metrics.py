@@ -351,7 +351,7 @@ class FakeQuery:
 
 
 def test_query_restarts_are_counted_per_stage() -> None:
-    inst, _ = _instance(query_per_stage=True)
+    inst, _ = _instance(query_per_stage=True, mode="micro-batch")
     inst._start_query = lambda stages: FakeQuery("restarted")  # type: ignore[method-assign]
     failed = "org.apache.spark.SparkException: Python worker failed to connect back."
     for _ in range(3):

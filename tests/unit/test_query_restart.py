@@ -38,7 +38,7 @@ def _instance(
     inst = Instance(
         wordcount.build(),
         rocketmq=RocketMQSettings(),
-        engine=EngineSettings(query_per_stage=query_per_stage),
+        engine=EngineSettings(query_per_stage=query_per_stage, mode="micro-batch"),
         progress=said.append,
     )
     started: list[str] = []
