@@ -333,7 +333,8 @@ class PrometheusExporter(Collector):
         instance = [self.job_id, str(self.index)]
         durations = HistogramMetricFamily(
             "stream_assets_batch_duration_seconds",
-            "Wall time of a stage's micro-batch: its tasks, the offset commit, the bookkeeping.",
+            "Wall time of a stage's micro-batch (real-time mode: of a task's step): its "
+            "tasks, the offset commit, the bookkeeping.",
             labels=STAGE_LABELS,
         )
         for (gen, stage), (buckets, total) in sorted(snap.batches.items()):
