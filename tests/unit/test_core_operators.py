@@ -653,6 +653,24 @@ def test_an_aggregate_that_overflows_the_codec_emits_only_committed_values() -> 
         assert driver.outputs() == [{"key": "a", **committed}]
 
 
+def test_partials_merged_per_key_overflow_as_folding_each_would() -> None:
+    """A keyed step merges a key's partials from several source queues before folding
+    them (keyed/partials.py); where the merged sum overflows the state codec, each
+    partial is folded alone, so the state and the dead letter are what folding them
+    one by one gives: the first two partials fit, the third does not."""
+    builder = StreamBuilder("overflow-merged")
+    builder.source("in", json_deserializer).key_by("k").sum("v").to_rstream().sink("out")
+    values = [2**62, 2**62, 2**63]  # 2**63 fits msgpack's uint64; 2**64 does not
+    with TopologyTestDriver(builder.build(), source_queues=3, pre_combine=True) as driver:
+        for queue, v in enumerate(values):
+            driver.pipe({"k": "a", "v": v}, queue=queue)
+        driver.advance()
+        [(_body, props)] = driver.dead_letters()
+        assert props["operator"] == "aggregate"
+        assert driver.state("a") == {"sum": values[0] + values[1]}
+        assert driver.outputs() == [{"key": "a", "sum": values[0] + values[1]}]
+
+
 def test_records_of_an_origin_that_just_became_idle_are_not_late(tmp_path: Path) -> None:
     topology = _windowed_topology("idle-race", TumblingWindow.of(Time.seconds(10)), 0)
     agg = topology.stages[1].aggregate

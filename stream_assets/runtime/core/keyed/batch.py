@@ -48,6 +48,7 @@ from stream_assets.runtime.core.keyed import emit, ttl
 from stream_assets.runtime.core.keyed.batch_state import BatchState
 from stream_assets.runtime.core.keyed.logic import KeyedBatch
 from stream_assets.runtime.core.keyed.logics import logic_for
+from stream_assets.runtime.core.keyed.partials import FAILED, partials_for
 from stream_assets.runtime.core.keyed.results import result_key
 from stream_assets.runtime.core.ports import Sender
 from stream_assets.runtime.core.shuffle_codec import decode, encode_key
@@ -153,6 +154,8 @@ class _QueueBatch:
             watermark=self.wm_start,
         )
         self.got_input = False
+        #: A key's partials of this step, merged before they touch the state (partials.py).
+        self.partials = partials_for(head)
 
     def _fail(self, exc: BaseException, value: Any, position: str) -> None:
         emit.dead_letter_value(
@@ -195,6 +198,7 @@ class _QueueBatch:
     def _apply_records(
         self, record: Record, src: int, entries: list[Any], applied: tuple[int, ...]
     ) -> tuple[int, ...]:
+        self._fold_partials()  # the folds stay in the order the messages came
         # The elements of one origin offset (one source record, one keyed batch's
         # results) are all judged by the progress before them.
         reading, read_ts = None, None
@@ -229,18 +233,60 @@ class _QueueBatch:
         # Partials of one batch of the origin: judged by its progress before them.
         closed = self.closed_for(src)
         where = f"{src}/{end_origin[0]}"
+        partials = self.partials
         for key, ws, we, partial, max_ts, count in body["comb"]:
-            window = Window(ws, we) if ws is not None else None
-            try:
-                self._fold(key, window, partial, count, None, max_ts, where, closed)
-            except Exception as exc:  # e.g. a merged sum the state cannot hold
-                position = f"{where}/{result_key(key)}/{ws}"
-                value = [key, ws, we, partial]
-                emit.dead_letter_value(
-                    self.ctx, self.sender, self.stats, record, self.head.op_id, exc, value, position
-                )
+            if partials is not None:
+                partials.add(key, partial, max_ts, count, where, record)
+            else:
+                window = Window(ws, we) if ws is not None else None
+                self._fold_partial(key, window, partial, count, max_ts, where, closed, record)
             self.tracker.observe(src, max_ts)
         return end_origin
+
+    def _fold_partial(
+        self,
+        key: Any,
+        window: Window | None,
+        partial: Any,
+        count: int,
+        ts: int,
+        where: str,
+        closed: int | None,
+        record: Record | None,
+    ) -> None:
+        """Fold one pre-combined partial; one the state refuses is a dead letter."""
+        try:
+            self._fold(key, window, partial, count, None, ts, where, closed)
+        except Exception as exc:  # e.g. a merged sum the state cannot hold
+            ws, we = (None, None) if window is None else (window.start, window.end)
+            position = f"{where}/{result_key(key)}/{ws}"
+            emit.dead_letter_value(
+                self.ctx,
+                self.sender,
+                self.stats,
+                record,
+                self.head.op_id,
+                exc,
+                [key, ws, we, partial],
+                position,
+            )
+
+    def _fold_partials(self) -> None:
+        """Fold the step's merged partials, one per key (no window, no TTL: nothing is
+        late and nothing expires between them). A merged fold that fails changed
+        nothing (a plain aggregate reads, merges, then writes a value packed first),
+        so its parts go one by one, each its own dead letter if it fails alone."""
+        if not self.partials:
+            return
+        for key, merged, ts, count, parts in self.partials.drain():
+            if merged is not FAILED:
+                try:
+                    self._fold(key, None, merged, count, None, ts, "", None)
+                    continue
+                except Exception:  # each part is tried, and reported, below
+                    pass
+            for partial, part_ts, part_count, where, record in parts:
+                self._fold_partial(key, None, partial, part_count, part_ts, where, None, record)
 
     def _fold(
         self,
@@ -280,6 +326,7 @@ class _QueueBatch:
 
     def finish(self, end: int, idle: frozenset[int]) -> None:
         """Fire, expire, emit and commit."""
+        self._fold_partials()
         ctx, meta, batch, tracker = self.ctx, self.meta, self.batch, self.tracker
         watermark = tracker.watermark(idle)
         all_idle = bool(tracker.origins()) and idle.issuperset(tracker.origins())
