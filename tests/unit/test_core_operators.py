@@ -8,6 +8,7 @@ from the input in plain Python.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from collections import Counter, defaultdict
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from stream_assets.dsl.builder import AggregatedStream, GroupedStream, StreamBuilder
+from stream_assets.examples import wordcount
 from stream_assets.operators.aggregates import Accumulator
 from stream_assets.plan.topology import Topology
 from stream_assets.rocketmq.records import Record
@@ -669,6 +671,34 @@ def test_partials_merged_per_key_overflow_as_folding_each_would() -> None:
         assert props["operator"] == "aggregate"
         assert driver.state("a") == {"sum": values[0] + values[1]}
         assert driver.outputs() == [{"key": "a", "sum": values[0] + values[1]}]
+
+
+def test_a_keyed_step_leaves_no_reference_cycle_behind() -> None:
+    """A step's results are freed as it ends, not by the garbage collector: a cycle
+    through the batch (its dead-letter callback was a method of the batch's runner)
+    kept thousands of objects a step alive until a collection, and collections
+    were a sixth of a real-time task's time."""
+    words = [f"w{i}" for i in range(300)]
+    rnd = random.Random(5)
+    with TopologyTestDriver(wordcount.build(), source_queues=2, shuffle_queues=2) as driver:
+
+        def step() -> None:
+            for queue in range(2):
+                lines = [" ".join(rnd.choices(words, k=8)) for _ in range(40)]
+                driver.pipe_many(lines, queue=queue)
+            driver.advance()
+
+        step()  # caches and stores opened, once
+        gc.collect()
+        gc.disable()
+        try:
+            step()
+            step()
+            unreachable = gc.collect()
+        finally:
+            gc.enable()
+        assert len(driver.outputs()) > 300  # the steps ran and emitted their counts
+        assert unreachable == 0
 
 
 def test_records_of_an_origin_that_just_became_idle_are_not_late(tmp_path: Path) -> None:
