@@ -183,6 +183,8 @@ class Composite(Accumulator):
         return [part.add(a, value) for (_, part), a in zip(self.parts, acc, strict=True)]
 
     def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        if len(a) == 1 == len(b):  # a keyed step merges each key's partials: as in add
+            return [self.parts[0][1].merge(a[0], b[0])]
         return [part.merge(x, y) for (_, part), x, y in zip(self.parts, a, b, strict=True)]
 
     def result(self, acc: list[Any]) -> dict[str, Any]:
