@@ -5,7 +5,8 @@
 - :mod:`.aggregates`, :mod:`.table_join`, :mod:`.process`: the heads (aggregates and
   windows, the stream-table join, the user's processor); :mod:`.logics` picks one.
 - :mod:`.ttl`: state time to live; :mod:`.emit`: what a batch sends; :mod:`.results`:
-  result values and names.
+  result values and names; :mod:`.partials`: a step's pre-combined partials, merged
+  per key before they are folded.
 
 The Spark adapter (:mod:`stream_assets.runtime.spark.task`) and the test driver
 (:class:`stream_assets.testing.TopologyTestDriver`) both run :func:`run_keyed_batch`.

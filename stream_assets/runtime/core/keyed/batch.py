@@ -280,7 +280,7 @@ class _QueueBatch:
         for key, merged, ts, count, parts in self.partials.drain():
             if merged is not FAILED:
                 try:
-                    self._fold(key, None, merged, count, None, ts, "", None)
+                    self._fold(key, None, merged, count, None, ts, parts[-1][3], None)
                     continue
                 except Exception:  # each part is tried, and reported, below
                     pass

@@ -73,11 +73,11 @@ class Partials:
             self._by_key[slot_key] = [key, partial, ts, count, [part]]
             return
         slot[4].append(part)
-        if slot[1] is not _FAILED:
+        if slot[1] is not FAILED:
             try:
                 slot[1] = self.accumulator.merge(slot[1], partial)
             except Exception:  # folded one by one instead, where each can fail alone
-                slot[1] = _FAILED
+                slot[1] = FAILED
         slot[2] = max(slot[2], ts)
         slot[3] += count
 
@@ -98,6 +98,5 @@ class _Failed:
         return "FAILED"
 
 
-_FAILED = _Failed()
 #: What :meth:`Partials.drain` gives for a key whose partials could not be merged.
-FAILED: Any = _FAILED
+FAILED: Any = _Failed()
