@@ -218,8 +218,8 @@ class EngineSettings(BaseSettings):
         "docs/engine.md 'Which mode'): long-running Spark tasks, every stage at once, each "
         "processing what arrives in small steps for interval_ms and committing every step. "
         "'micro-batch': one Spark Structured Streaming micro-batch every "
-        "trigger_interval_ms, a keyed record waiting for two of them; better for a large "
-        "backlog through a vectorised chain.",
+        "trigger_interval_ms, a keyed record waiting for two of them; better for the "
+        "highest throughput of an unkeyed exactly-once sink.",
     )
     interval_ms: int = Field(
         default=30_000,
