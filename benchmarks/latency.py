@@ -21,9 +21,15 @@ achieved) and ``engine_per_s`` (what the engine committed over the same
 run: below ``sent_per_s``, it did not keep up). Targets (issue 30): p99 <=
 100 ms passthrough, <= 250 ms wordcount, on the idle machine.
 
+With ``--repeat N`` each (mode, workload) runs N times, one line each (``run``:
+1..N), then a line with ``"runs": N`` holding the median of each figure and
+``p99_ms_range`` (lowest, highest): on a 2-core machine one run's p99 can be
+twice another's, so a before -> after comparison wants several.
+
 Usage::
 
     python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
+    python benchmarks/latency.py --mode real-time --repeat 5 --json
     python benchmarks/latency.py --workload wordcount --workload wordcount-eos
     python benchmarks/latency.py --workload passthrough --workload passthrough-eos
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -106,6 +113,39 @@ def measure(
     }
 
 
+#: The figures of a line that are medians in a ``--repeat`` summary.
+_FIGURES = (
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "steady_p99_ms",
+    "sent_per_s",
+    "engine_per_s",
+    "max_per_s",
+    "target_per_s",
+    "caught_up_after_last_send_s",
+)
+
+
+def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over repeated runs of one (mode, workload), and the
+    range of p99.
+
+    >>> runs = [{"mode": "m", "workload": "w", **dict.fromkeys(_FIGURES, v)} for v in (1, 5, 3)]
+    >>> s = summary(runs)
+    >>> s["runs"], s["p99_ms"], s["p99_ms_range"]
+    (3, 3, [1, 5])
+    """
+    p99s = [line["p99_ms"] for line in lines]
+    return {
+        "mode": lines[0]["mode"],
+        "workload": lines[0]["workload"],
+        "runs": len(lines),
+        **{k: statistics.median(line[k] for line in lines) for k in _FIGURES},
+        "p99_ms_range": [min(p99s), max(p99s)],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
@@ -126,8 +166,13 @@ def main() -> None:
         "--rate", type=float, default=0.0, help="records (lines) per second sent; 0: half the max"
     )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of steady_p99_ms")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per (mode, workload), then their medians"
+    )
     parser.add_argument("--json", action="store_true", help="only the JSON lines")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     # The names the passthrough and wordcount latency steps read.
     args.latency_seconds, args.latency_warmup_s = args.seconds, args.warmup_s
     settings = RocketMQSettings()
@@ -140,17 +185,30 @@ def main() -> None:
         engine = base.model_copy(update={"mode": mode})
         warm_spark(settings, engine, passthrough.build)
         for workload in args.workload or DEFAULT_WORKLOADS:
-            line = measure(settings, engine, workload, args)
-            print(json.dumps(line), flush=True)
-            if not args.json:
-                print(
-                    f"  {mode} {workload}: p50 {line['p50_ms']} ms, p99 {line['p99_ms']} ms at "
-                    f"{line['sent_per_s']:.0f}/s sent, {line['engine_per_s']:.0f}/s committed "
-                    f"(max {line['max_per_s']:.0f}/s)",
-                    file=sys.stderr,
-                )
+            lines = []
+            for run in range(1, args.repeat + 1):
+                line = measure(settings, engine, workload, args)
+                if args.repeat > 1:
+                    line["run"] = run
+                lines.append(line)
+                _report(line, args.json)
+            if args.repeat > 1:
+                _report(summary(lines), args.json)
     if not args.json:
         print(f"(whole benchmark: {time.perf_counter() - began:.0f} s)", file=sys.stderr)
+
+
+def _report(line: dict[str, Any], quiet: bool) -> None:
+    """Print ``line`` as JSON, and unless ``quiet`` a readable line on stderr."""
+    print(json.dumps(line), flush=True)
+    if not quiet:
+        runs = f" (median of {line['runs']} runs)" if "runs" in line else ""
+        print(
+            f"  {line['mode']} {line['workload']}{runs}: p50 {line['p50_ms']} ms, p99 "
+            f"{line['p99_ms']} ms at {line['sent_per_s']:.0f}/s sent, "
+            f"{line['engine_per_s']:.0f}/s committed (max {line['max_per_s']:.0f}/s)",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":
