@@ -54,8 +54,8 @@ from stream_assets.runtime.drive.queues import TaskContext, run_range
 #: Allocations (net of frees) between two collections of the youngest generation
 #: (Python's default: 700). A step keeps thousands of objects alive until it ends, so
 #: at the default every collection met them and promoted them, and collections took
-#: a sixth of a real-time WordCount task's time; at this threshold, 0.3 %. What
-#: refcounting cannot free (a reference cycle) waits a little longer, as little memory.
+#: a sixth of a real-time WordCount task's time; at this threshold, 0.3 %. Garbage in
+#: reference cycles waits a little longer for its collection: 20 000 objects, a few MiB.
 _GC_YOUNGEST = 20_000
 #: The first wait when nothing arrived; it doubles up to the plan's ``idle_poll_s``.
 _FIRST_WAIT_S = 0.001

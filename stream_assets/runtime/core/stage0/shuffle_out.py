@@ -346,7 +346,8 @@ class _KeyRouter:
     bytes, which is not true of e.g. ``1 == 1.0 == True``. One router per
     queue count lives as long as the process (:meth:`of`): a real-time step
     is short and meets the same keys as the step before it, and a router of
-    its own hashed every key afresh (an eighth of a WordCount task's time).
+    its own hashed every key afresh (an eighth of a WordCount task's time
+    under cProfile).
 
     >>> _KeyRouter.of(8) is _KeyRouter.of(8), _KeyRouter.of(8).route("user-42")[1]
     (True, 3)
