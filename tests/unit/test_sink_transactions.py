@@ -63,6 +63,8 @@ class CheckService:
         view = _TopicView(broker)
         self.resolve = resolve_from_state(view, view)
         self.answers: collections.Counter[Outcome] = collections.Counter()
+        #: The messages a check committed, in the order it did (not a queue's order).
+        self.committed: list[OutgoingMessage] = []
 
     def round(self) -> None:
         # Latest first: a queue's order must hold whatever order the broker checks in.
@@ -73,6 +75,7 @@ class CheckService:
             self.answers[outcome] += 1
             if outcome is Outcome.COMMIT:
                 self.broker.commit([prepared], from_check=True)
+                self.committed.append(message)
             elif outcome is Outcome.ROLLBACK:
                 self.broker.rollback([prepared], from_check=True)
 
@@ -81,7 +84,10 @@ class CheckService:
 def checking(service: CheckService) -> Iterator[None]:
     """Check rounds in the background while the block runs, as the broker's service does;
     between rounds the end window of every message held passes (a step still running
-    may find its own end refused: the check-back must then end it alike)."""
+    may find its own end refused: the check-back must then end it alike). After the
+    block, time passes for what is still held and a last round ends it: a step whose
+    end was refused after the loop's last round leaves messages whose windows were
+    still open (a slow machine failed the tests here, 3 runs in 12 under CPU load)."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -96,6 +102,8 @@ def checking(service: CheckService) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+    service.broker.close_end_windows()
+    service.round()
 
 
 def test_results_are_seen_once_and_nothing_stays_prepared(tmp_path: Any) -> None:
@@ -173,7 +181,8 @@ def test_an_owner_dead_between_its_delta_and_its_commit_is_followed_in_order(
         with checking(checks):
             driver.advance()
         assert not broker.half
-        assert checks.answers[Outcome.COMMIT] == stranded
+        # The dead step's, and any of the new owner's the checks came first to.
+        assert checks.answers[Outcome.COMMIT] >= stranded
         records = driver.output_records("counts")
     words = collections.Counter(w for line in first + second for w in line.split())
     assert plain_counts(records) == words
@@ -398,7 +407,6 @@ def test_a_source_step_dead_between_its_delta_and_its_end_is_never_sent_again(
         checks = CheckService(broker)
         with checking(checks):
             driver.advance()
-        checks.round()  # a last step whose own end the checks' closed window refused
         assert not broker.half
         # The dead step's, and any later step's the checks came first to (a step whose
         # own end is then refused leaves it to them).
@@ -406,7 +414,11 @@ def test_a_source_step_dead_between_its_delta_and_its_end_is_never_sent_again(
         replayed = [s for s in driver.stats if s.stage == 0 and s.skipped_duplicates]
         assert replayed, "the replay skipped the records the landed step had read"
         copies, counts = driver.output_records("copies"), driver.output_records("counts")
-    _assert_copied_once_in_order(copies, first + second, 4, dead_step)
+    # The check-back's commits keep no queue order within a step, the dead step's and
+    # that of a step whose own end was refused alike: each is a block in its place.
+    by_checks = frozenset(json.loads(m.body) for m in checks.committed if m.topic == "copies")
+    assert dead_step <= by_checks
+    _assert_copied_once_in_order(copies, first + second, 4, by_checks)
     assert plain_counts(counts) == collections.Counter(
         w for line in first + second for w in line.split()
     )
