@@ -80,7 +80,7 @@ from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_ba
 from stream_assets.runtime.core.send_buffer import SendBuffer
 from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.runtime.core.stage0.exactly_once import run_positioned_source_batch
-from stream_assets.runtime.core.stage0.stateless import run_source_batch
+from stream_assets.runtime.core.stage0.stateless import run_source_batch, run_source_batches
 from stream_assets.serde import json_serializer
 from stream_assets.settings import DEFAULT_MAX_MESSAGE_SIZE
 from stream_assets.state.restore import RestoreResult, restore_queue, state_queue
@@ -441,7 +441,10 @@ class TopologyTestDriver:
       batches interleave stage 0 and the stateful stage like a live instance;
     - ``generation``: the allocation generation the driver commits state as;
     - ``max_message_size``: the broker's body limit (a sink body over it is a
-      dead letter).
+      dead letter);
+    - ``across_queues``: stage 0 runs a round's source queues as one step, as a
+      real-time task runs the queues it reads (their pre-combined partials merged
+      across them where they can be); default one step per queue.
 
     Use it as a context manager (or call :meth:`close`).
     """
@@ -459,6 +462,7 @@ class TopologyTestDriver:
         max_records_per_batch: int | None = None,
         generation: int = 0,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        across_queues: bool = False,
     ) -> None:
         if not isinstance(topology, Topology):
             raise TypeError(
@@ -478,6 +482,7 @@ class TopologyTestDriver:
         self.source_queues = source_queues
         self.shuffle_queues = shuffle_queues
         self.max_records_per_batch = max_records_per_batch
+        self.across_queues = across_queues
         self.broker = InMemoryBroker(max_message_size=max_message_size)
         #: Stats of every core call, in order (one per queue and batch).
         self.stats: list[TaskStats] = []
@@ -891,23 +896,36 @@ class TopologyTestDriver:
         committed = self._committed[topic.name]
         source = ctx.stage.source
         tags = TagFilter.parse(None if source is None else source.tags)  # as the broker's
-        progressed = False
-        for q in range(topic.queue_count):
-            start = committed[q]
-            end = self._limit(start, topic.end(q))
-            if end <= start:
-                continue
-            with contextlib.redirect_stdout(self._stdout):
-                if ctx.stage.positioned:  # its position committed with its transaction
-                    ports = self._ports(ctx.stage, q)
-                    stats = run_positioned_source_batch(ctx, q, start, end, ports, tags)
-                else:
-                    records = [r for r in topic.read(q, start, end) if tags.matches(r.tags)]
-                    stats = run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
-            self.stats.append(stats)
+        ranges = [
+            (q, committed[q], self._limit(committed[q], topic.end(q)))
+            for q in range(topic.queue_count)
+        ]
+        ranges = [(q, start, end) for q, start, end in ranges if end > start]
+        with contextlib.redirect_stdout(self._stdout):
+            if self.across_queues and not ctx.stage.positioned:
+                parts = [
+                    (q, start, end, [r for r in topic.read(q, start, end) if tags.matches(r.tags)])
+                    for q, start, end in ranges
+                ]
+                self.stats += run_source_batches(ctx, parts, SendBuffer(self.broker))
+            else:
+                for q, start, end in ranges:
+                    self.stats.append(self._source_batch(ctx, q, start, end, tags))
+        for q, _start, end in ranges:
             committed[q] = end
-            progressed = True
-        return progressed
+        return bool(ranges)
+
+    def _source_batch(
+        self, ctx: StageContext, q: int, start: int, end: int, tags: TagFilter
+    ) -> TaskStats:
+        if ctx.stage.positioned:  # its position committed with its transaction
+            return run_positioned_source_batch(ctx, q, start, end, self._ports(ctx.stage, q), tags)
+        records = [
+            r
+            for r in self.broker.topic(ctx.stage.input_topic).read(q, start, end)
+            if tags.matches(r.tags)
+        ]
+        return run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
 
     def _stateful_round(self, ctx: StageContext, tick: bool) -> bool:
         stage = ctx.stage

@@ -68,24 +68,30 @@ def _audit_queue(
     found: list[str] = []
     for record in records:
         body = decode(record.body)
-        src = int(body["src"])
-        mark = marks.get(src, (-1, -1))
-        if "recs" in body:
-            for entry in body["recs"]:
-                mark = max(mark, (int(entry[3]), int(entry[4])))
-        elif tuple(body["end"]) > mark:
-            end = (int(body["end"][0]), int(body["end"][1]))
-            if "comb" in body and src in sources:
-                routed = _routed_words(sources[src], mark, end[0], target, shuffle_queues)
-                if int(body["n"]) > routed:
-                    found.append(
-                        f"shuffle queue {target} @{record.queue_offset}: origin {src} combined "
-                        f"to {end} stands for {body['n']} records, but only {routed} lie past "
-                        f"the mark {mark} (born {record.born_timestamp}, stored "
-                        f"{record.store_timestamp})"
-                    )
-            mark = end
-        marks[src] = mark
+        # A message pre-combined across a step's source queues: one part per origin.
+        parts = (
+            [(int(s), [off, sub], n) for s, off, sub, n, _p in body["srcs"]]
+            if "srcs" in body
+            else [(int(body["src"]), body.get("end"), body.get("n"))]
+        )
+        for src, end_, n in parts:
+            mark = marks.get(src, (-1, -1))
+            if "recs" in body:
+                for entry in body["recs"]:
+                    mark = max(mark, (int(entry[3]), int(entry[4])))
+            elif tuple(end_) > mark:
+                end = (int(end_[0]), int(end_[1]))
+                if "comb" in body and src in sources:
+                    routed = _routed_words(sources[src], mark, end[0], target, shuffle_queues)
+                    if int(n) > routed:
+                        found.append(
+                            f"shuffle queue {target} @{record.queue_offset}: origin {src} "
+                            f"combined to {end} stands for {n} records, but only {routed} "
+                            f"lie past the mark {mark} (born {record.born_timestamp}, stored "
+                            f"{record.store_timestamp})"
+                        )
+                mark = end
+            marks[src] = mark
     return found
 
 

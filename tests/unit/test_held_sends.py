@@ -9,7 +9,7 @@ import pytest
 from stream_assets.rocketmq.errors import BrokerUnreachableError
 from stream_assets.rocketmq.records import OutgoingMessage, SendReceipt
 from stream_assets.runtime.core.send_buffer import SendBuffer
-from stream_assets.runtime.drive.held_sends import HeldSends
+from stream_assets.runtime.drive.held_sends import GroupWentDown, HeldSends
 
 
 class Groups:
@@ -124,3 +124,20 @@ def test_a_queue_cleared_inside_a_step_is_reported_once_unless_it_holds_again() 
     step(held, (0, 1), 20, [(3, "c2")])  # held again before anyone asked
     assert held.take_cleared() == [(0, 0)]  # (0, 1) holds from 20: its commit stays there
     assert held.held_from((0, 1)) == 20
+
+
+def test_a_step_of_several_queues_holds_nothing_and_marks_the_group_down() -> None:
+    groups, logs = Groups(), []
+    held = HeldSends(lambda: groups, 1 << 20, retry_every_s=5.0, log=logs.append, clock=Clock())
+    groups.dead.add("broker-b")
+    buffer = SendBuffer(held.unheld_transport())
+    buffer.send("shuffle", b"a", queue_id=0)
+    buffer.send("shuffle", b"b", queue_id=2)
+    with pytest.raises(GroupWentDown, match="broker-b"):
+        buffer.flush()
+    assert held.messages == 0 and held.groups == {"broker-b"}
+    assert groups.stored[0] == [b"a"], "the healthy group's message is stored"
+    # The step again queue by queue: broker-b's message is held at once.
+    step(held, (0, 1), 10, [(0, "a"), (2, "b")])
+    assert held.held_from((0, 1)) == 10 and groups.stored[2] == []
+    assert len(logs) == 1 and "broker-b does not answer" in logs[0]

@@ -9,6 +9,13 @@ all-or-nothing and keeps sends few.
 - combined:   ``{"src": q, "comb": [[key, wstart, wend, acc, max_ts, n], ...],
   "end": [offset, sub], "n": records, "p": progress}`` (pre-aggregated per key and window)
 - progress mark: ``{"src": q, "end": [offset, sub], "p": progress}`` (no records)
+- combined across origins: ``{"srcs": [[q, offset, sub, records, progress], ...],
+  "comb": [...], "n": records}``: one real-time step's pre-combined partials of
+  several source queues (:mod:`~stream_assets.runtime.core.stage0.across_queues`),
+  each origin's part ending at its own ``[offset, sub]``. Its origins are applied
+  together or, as a replay, not at all: no range of it was ever sent combined
+  before (``StageContext.may_combine``), so a keyed queue has applied all of them
+  or none.
 
 ``progress`` is the origin's progress: the highest event time it has sent
 (every element a source queue's records gave its exits, whatever their
@@ -39,6 +46,11 @@ from __future__ import annotations
 from typing import Any
 
 from stream_assets.serde.packing import array_of_packed, pack, unpack
+
+
+class ShuffleProtocolError(RuntimeError):
+    """A shuffle message that breaks the protocol's promises (never expected: a bug)."""
+
 
 #: Packed size of the message envelope around the records (map header, "src", "recs").
 ENVELOPE_BYTES = 32
@@ -81,6 +93,22 @@ def encode_combined(
     """A pre-aggregated shuffle message ending at origin ``end``, standing for ``records``."""
     body = {"src": src, "comb": entries, "end": list(end), "n": records}
     return pack(body if progress is None else {**body, "p": progress})
+
+
+def encode_across(
+    origins: list[tuple[int, tuple[int, int], int, int | None]],
+    entries: list[list[Any]],
+) -> bytes:
+    """A pre-combined message of several origins: per origin ``(src, end, records,
+    progress)``, the partials of them all merged per key and window.
+
+    >>> origins = [(1, (9, 7), 3, None), (2, (4, 7), 2, 50)]
+    >>> body = encode_across(origins, [["k", None, None, 5, 50, 5]])
+    >>> decode(body)["srcs"], decode(body)["n"]
+    ([[1, 9, 7, 3, None], [2, 4, 7, 2, 50]], 5)
+    """
+    srcs = [[src, end[0], end[1], records, progress] for src, end, records, progress in origins]
+    return pack({"srcs": srcs, "comb": entries, "n": sum(o[2] for o in origins)})
 
 
 def encode_mark(src: int, end: tuple[int, int], progress: int) -> bytes:

@@ -115,6 +115,14 @@ class HeldSends:
         """The transport of one step of ``queue`` that reads from offset ``start``."""
         return _StepTransport(self, queue, start)
 
+    def unheld_transport(self) -> _UnheldTransport:
+        """The transport of a step of several queues at once, whose messages each stand
+        for several queues and so cannot be held for one: it raises
+        :class:`GroupWentDown` instead of holding (the step then goes queue by queue).
+        Only while nothing is held: a queue's messages must not overtake its held ones."""
+        assert not self._held, "a step of several queues while messages are held"
+        return _UnheldTransport(self)
+
     def take_cleared(self) -> list[QueueKey]:
         """The queues whose held messages were all stored since the last call and
         that hold none now: their commit may go to where they have been read."""
@@ -172,15 +180,18 @@ class HeldSends:
                 message, group = messages[position], unsent[position]
                 items.append(_Item(start, message, group))
                 self.bytes += len(message.body)
-                if group not in self._since:
-                    self._since[group] = self._clock()
-                    self._next_retry = self._clock() + self._retry_every_s
-                    self._log(
-                        f"broker group {group} does not answer: its messages are held (the "
-                        "other groups' go on; the source offsets that made them stay "
-                        "uncommitted)"
-                    )
+                self._went_down(group)
         return [r for r in receipts if r is not None]
+
+    def _went_down(self, group: str) -> None:
+        if group not in self._since:
+            self._since[group] = self._clock()
+            self._next_retry = self._clock() + self._retry_every_s
+            self._log(
+                f"broker group {group} does not answer: its messages are held (the "
+                "other groups' go on; the source offsets that made them stay "
+                "uncommitted)"
+            )
 
 
 class _StepTransport:
@@ -195,3 +206,27 @@ class _StepTransport:
 
     def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]:
         return self._held._send(self._queue, self._start, messages)
+
+
+class GroupWentDown(Exception):
+    """A step of several queues found a broker group without a master (not transient:
+    the step is not retried as it was, but queue by queue, their messages held)."""
+
+
+class _UnheldTransport:
+    """A :class:`~stream_assets.runtime.core.send_buffer.Transport` that holds nothing."""
+
+    def __init__(self, held: HeldSends) -> None:
+        self._held = held
+
+    @property
+    def max_message_size(self) -> int:
+        return self._held._producer().max_message_size
+
+    def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]:
+        receipts, unsent = self._held._producer().send_reachable(messages, set())
+        for group in sorted(set(unsent.values())):
+            self._held._went_down(group)
+        if unsent:
+            raise GroupWentDown(", ".join(sorted(set(unsent.values()))))
+        return [r for r in receipts if r is not None]

@@ -43,13 +43,14 @@ from typing import Any
 from stream_assets.runtime.core.context import TaskStats
 from stream_assets.runtime.drive.channel import ChannelClient
 from stream_assets.runtime.drive.clients import admin_for
-from stream_assets.runtime.drive.held_sends import HeldSends
+from stream_assets.runtime.drive.held_sends import GroupWentDown, HeldSends
 from stream_assets.runtime.drive.planning import (
+    QueueRange,
     StageOptions,
     StagePlanner,
     combine_bounds,
 )
-from stream_assets.runtime.drive.queues import TaskContext, run_range
+from stream_assets.runtime.drive.queues import TaskContext, run_range, run_source_queues
 
 #: Allocations (net of frees) between two collections of the youngest generation
 #: (Python's default: 700). A step keeps thousands of objects alive until it ends, so
@@ -182,16 +183,37 @@ class _Task:
             stage = self.contexts[index].stage.stage
             # A positioned stage's sends are all stored before its delta: never held.
             source = stage.source is not None and not stage.positioned
-            for r in planner.ranges(start, end):
+            ranges = planner.ranges(start, end)
+            moved = moved or any(r.end > r.start for r in ranges)
+            together = self._together(index, ranges, client) if source else None
+            if together is not None:
+                rows += [stats.as_row() for stats in together]
+                ranges = []
+            for r in ranges:
                 key = (index, r.queue_id)
                 transport = self.held.transport(key, r.start) if source else None
                 stats = run_range(self.contexts[index], r, client, transport)
                 held = self.held.held_from(key) if source else None
                 stats.held_from = -1 if held is None else held
                 rows.append(stats.as_row())
-                moved = moved or r.end > r.start
             self.positions[index] = end
         return rows, moved
+
+    def _together(
+        self, index: int, ranges: list[QueueRange], client: ChannelClient
+    ) -> list[TaskStats] | None:
+        """A stateless source stage's ranges as one step, their partials pre-combined
+        across the queues (stage0/across_queues.py); None: queue by queue, as when fewer
+        than two read anything, or messages are held for a group without a master (a
+        queue's must not overtake its held ones), or this step found one."""
+        if sum(r.end > r.start for r in ranges) < 2 or self.held.groups:
+            return None
+        try:
+            return run_source_queues(
+                self.contexts[index], ranges, client, self.held.unheld_transport()
+            )
+        except GroupWentDown:  # what it sent is sent again per queue: replays, skipped
+            return None
 
     def finish(self) -> list[dict[str, Any]]:
         """At the interval's end: send what is held if its group is back (the rows that

@@ -47,7 +47,7 @@ from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed.attempt import QueuePorts, run_stateful_batch
 from stream_assets.runtime.core.send_buffer import SendBuffer, Transport
 from stream_assets.runtime.core.stage0.exactly_once import run_positioned_source_batch
-from stream_assets.runtime.core.stage0.stateless import run_source_batch
+from stream_assets.runtime.core.stage0.stateless import run_source_batch, run_source_batches
 from stream_assets.runtime.drive.clients import admin_for, producer_for, reader_for
 from stream_assets.runtime.drive.outage import FAIL_AT_ONCE, OutagePolicy, ride_out_outage
 from stream_assets.runtime.drive.planning import QueueRange
@@ -121,6 +121,42 @@ def run_stateless_queue(
     stats = run_source_batch(ctx.stage, queue_id, start, end, records, sender)
     stats.settings_digest = settings.digest()
     return stats
+
+
+def run_source_queues(
+    ctx: TaskContext, ranges: list[QueueRange], lines: Lines | None, transport: Transport
+) -> list[TaskStats]:
+    """Several ranges of a stateless source stage as one step (a real-time task's), their
+    pre-combined partials merged across the queues where they can be
+    (:func:`~stream_assets.runtime.core.stage0.stateless.run_source_batches`); riding out
+    a broker outage, with what it prints added to ``lines``. The stats per range."""
+    settings = ctx.rocketmq
+    source = ctx.stage.stage.source
+    tags = TagFilter.parse(None if source is None else source.tags)
+
+    def step() -> list[TaskStats]:
+        reader = reader_for(settings, ctx.group)
+        parts = (
+            (
+                r.queue_id,
+                r.start,
+                r.end,
+                reader.read(ctx.input_queue(r.queue_id), r.start, r.end, tags),
+            )
+            for r in ranges
+        )
+        stats = run_source_batches(ctx.stage, parts, SendBuffer(transport))
+        for one in stats:
+            one.settings_digest = settings.digest()
+        return stats
+
+    queues = ",".join(str(r.queue_id) for r in ranges)
+    done: list[TaskStats] = ride_out_outage(
+        partial(run_printing, step, lines),
+        policy=ctx.outage,
+        what=f"{ctx.stage.job_id} stage {ctx.stage.stage.index} queues {queues}",
+    )
+    return done
 
 
 def run_stateful_queue(

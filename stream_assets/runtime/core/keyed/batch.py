@@ -52,7 +52,7 @@ from stream_assets.runtime.core.keyed.logics import logic_for
 from stream_assets.runtime.core.keyed.partials import FAILED, partials_for
 from stream_assets.runtime.core.keyed.results import result_key
 from stream_assets.runtime.core.ports import Sender
-from stream_assets.runtime.core.shuffle_codec import decode, encode_key
+from stream_assets.runtime.core.shuffle_codec import ShuffleProtocolError, decode, encode_key
 from stream_assets.runtime.core.sink_transactions import (
     ExactlyOnceSinks,
     record_step,
@@ -178,6 +178,9 @@ class _QueueBatch:
     def apply(self, record: Record) -> None:
         """Apply one shuffle message: records, pre-combined partials or a progress mark."""
         body = decode(record.body)
+        if "srcs" in body:
+            self._apply_across(record, body)
+            return
         src = int(body["src"])
         applied = tuple(self.meta.origins.get(src, (-1, -1)))
         if "recs" in body:
@@ -231,16 +234,48 @@ class _QueueBatch:
         self.stats.records_in += int(body.get("n", 0))
         # Partials of one batch of the origin: judged by its progress before them.
         closed = self.closed_for(src)
-        where = f"{src}/{end_origin[0]}"
+        entries = body["comb"]
+        self._add_partials(record, entries, f"{src}/{end_origin[0]}", closed)
+        if entries:  # folding reads no progress: the latest is observed once, after them
+            self.tracker.observe(src, max(entry[4] for entry in entries))
+        return end_origin
+
+    def _add_partials(
+        self, record: Record, entries: list[Any], where: str, closed: int | None
+    ) -> None:
+        """Fold pre-combined entries, or keep them where a key's partials merge first."""
         partials = self.partials
-        for key, ws, we, partial, max_ts, count in body["comb"]:
+        for key, ws, we, partial, max_ts, count in entries:
             if partials is not None:
                 partials.add(key, partial, max_ts, count, where, record)
             else:
                 window = Window(ws, we) if ws is not None else None
                 self._fold_partial(key, window, partial, count, max_ts, where, closed, record)
-            self.tracker.observe(src, max_ts)
-        return end_origin
+
+    def _apply_across(self, record: Record, body: dict[str, Any]) -> None:
+        """Apply a message pre-combined across several origins (stage0/across_queues.py):
+        all its origins at once, or none where it is a replay."""
+        marks = self.meta.origins
+        origins = [(int(s), (int(off), int(sub)), p) for s, off, sub, _n, p in body["srcs"]]
+        new = [end > tuple(marks.get(src, (-1, -1))) for src, end, _ in origins]
+        if not any(new):
+            self.stats.skipped_duplicates += len(body["comb"])
+            return
+        if not all(new) or self.head.window is not None:
+            raise ShuffleProtocolError(
+                f"shuffle message {record.topic}/{record.queue_id}@{record.queue_offset} "
+                f"pre-combines origins {[o[0] for o in origins]} of which some were applied "
+                "before (or carries windows): stage 0 combined a range it had sent before. "
+                "The step failed before changing state; please report it with this message."
+            )
+        self.got_input = True
+        self.stats.records_in += int(body["n"])
+        first, end, _ = origins[0]
+        self._add_partials(record, body["comb"], f"{first}/{end[0]}", None)
+        for src, end, progress in origins:
+            if progress is not None:
+                self.tracker.observe(src, int(progress))
+            marks[src] = end
 
     def _fold_partial(
         self,

@@ -62,7 +62,7 @@ from stream_assets.runtime.core.stage0.chain import Element, UserFunctionError
 from stream_assets.serde.packing import PackingError
 
 # A combined message covers every offset of its batch: sub-index above any real one.
-_WHOLE_OFFSET = 2**31 - 1
+WHOLE_OFFSET = 2**31 - 1
 
 #: (key bytes, window start, window end): one pre-combined entry of a shuffle queue.
 EntryKey = tuple[bytes, Any, Any]
@@ -112,7 +112,7 @@ class ShuffleOut:
         self._taken_later: list[Callable[[], Iterable[tuple[list[Any], int, int]]]] = []
         #: Builds the accumulator from a slot's count when the aggregate only
         #: counts (see _counter_of); None: fold through the accumulator.
-        self._count_acc = _counter_of(self.agg.accumulator) if self.agg is not None else None
+        self.count_acc = _counter_of(self.agg.accumulator) if self.agg is not None else None
         #: The origin's progress: the highest event time it read in this batch so far
         #: (a keyed stage's outbox sets it; see observe).
         self.progress: int | None = None
@@ -125,7 +125,7 @@ class ShuffleOut:
     @property
     def counts_only(self) -> bool:
         """Whether the exit's aggregate only counts (its slots hold plain counts)."""
-        return self._count_acc is not None
+        return self.count_acc is not None
 
     def took(self, values: list[Any], ts: int, offset: int) -> None:
         """A record the count path (:mod:`~stream_assets.runtime.core.stage0.count_path`) counted:
@@ -191,7 +191,7 @@ class ShuffleOut:
         """
         if self.agg is None:
             return
-        if self._count_acc is not None:
+        if self.count_acc is not None:
             # Counting takes any value: nothing to check, and with
             # combining nothing can fail half-way (see _fold_counts).
             if self.combine:
@@ -255,7 +255,7 @@ class ShuffleOut:
             told = progress if topic in timed else None
             body = self._combined_body(target, last_offset, told)
             if body is not None:
-                self._send(topic, target, body, last_offset)
+                self.send_message(topic, target, body, last_offset)
                 self.stats.shuffle_records += len(self.combined[target])
                 sent.add((topic, target))
         if self.combine:
@@ -268,15 +268,15 @@ class ShuffleOut:
             chunks = _chunks(_packed(entries), self.body_limit)
             for i, (chunk, last) in enumerate(chunks):
                 final = progress if i == len(chunks) - 1 and topic in timed else None
-                self._send(topic, target, records_body(self.src, chunk, final), last)
+                self.send_message(topic, target, records_body(self.src, chunk, final), last)
             sent.add((topic, target))
         if progress is None:
             return  # nothing read: no progress to tell
         for topic in sorted(timed):
             for target in range(self.ctx.shuffle_queues):
                 if (topic, target) not in sent:
-                    mark = encode_mark(self.src, (last_offset, _WHOLE_OFFSET), progress)
-                    self._send(topic, target, mark, last_offset)
+                    mark = encode_mark(self.src, (last_offset, WHOLE_OFFSET), progress)
+                    self.send_message(topic, target, mark, last_offset)
                     self.stats.progress_marks += 1
 
     def _unfold(self, sent: set[tuple[str, int]]) -> None:
@@ -299,14 +299,14 @@ class ShuffleOut:
 
     def _combined_body(self, target: int, last_offset: int, progress: int | None) -> bytes | None:
         slots = list(self.combined[target].values())
-        if self._count_acc is not None:
+        if self.count_acc is not None:
             for slot in slots:  # a counted slot's accumulator, as add would have made it
-                slot[3] = self._count_acc(slot[5])
+                slot[3] = self.count_acc(slot[5])
         try:
             body = encode_combined(
                 self.src,
                 slots,
-                (last_offset, _WHOLE_OFFSET),
+                (last_offset, WHOLE_OFFSET),
                 self.combined_records[target],
                 progress,
             )
@@ -314,7 +314,8 @@ class ShuffleOut:
             return None  # an accumulator the codec cannot carry: send records
         return None if len(body) > self.body_limit else body  # too big: records
 
-    def _send(self, topic: str, target: int, body: bytes, offset: int) -> None:
+    def send_message(self, topic: str, target: int, body: bytes, offset: int) -> None:
+        """Send one message of this origin's batch to shuffle queue ``target``."""
         key = f"{self.ctx.job_id}/{self.src}/{offset}"
         self.sender.send(topic, body, queue_id=target, key=key)
         self.stats.shuffle_messages += 1

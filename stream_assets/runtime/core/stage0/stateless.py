@@ -23,11 +23,15 @@ from stream_assets.plan.topology import Stage, origin_id
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.ports import Sender
+from stream_assets.runtime.core.stage0.across_queues import send_across
 from stream_assets.runtime.core.stage0.batch_count_path import BatchCountPath
 from stream_assets.runtime.core.stage0.chain import OperatorGraph, UserFunctionError
 from stream_assets.runtime.core.stage0.count_path import CountPath
 from stream_assets.runtime.core.stage0.outputs import StageOutputs, dead_letter
 from stream_assets.runtime.core.stage0.shuffle_out import Keyed, ShuffleOut
+
+#: One source queue's batch: (queue id, start, end, its records).
+Part = tuple[int, int, int, Iterable[Record]]
 
 
 def stage_graph(stage: Stage, outputs: StageOutputs | None) -> OperatorGraph:
@@ -51,16 +55,28 @@ def run_source_batch(
 ) -> TaskStats:
     """Process ``records`` (offsets ``start`` .. ``end`` of source queue ``queue_id``)."""
     batch = _SourceBatch(ctx, queue_id, start, end, sender)
-    last_offset = start - 1
-    if batch.whole is not None:
-        records = list(records)
-        if batch.apply_whole(records):
-            last_offset = records[-1].queue_offset if records else last_offset
-            records = []
-    for record in records:
-        last_offset = record.queue_offset
-        batch.apply(record)
-    return batch.finish(last_offset)
+    last_offset = batch.run(records)
+    batch.shuffle.send_all(last_offset)
+    return batch.flush()
+
+
+def run_source_batches(ctx: StageContext, parts: Iterable[Part], sender: Sender) -> list[TaskStats]:
+    """Several source queues' batches as one step (a real-time task's), each ``part``
+    ``(queue_id, start, end, records)`` as :func:`run_source_batch` takes them; their
+    pre-combined partials merged across them where they can be
+    (:mod:`~stream_assets.runtime.core.stage0.across_queues`). The stats per queue."""
+    batches: list[tuple[_SourceBatch, int]] = []
+    for queue_id, start, end, records in parts:  # read lazily: one queue's records at a time
+        batch = _SourceBatch(ctx, queue_id, start, end, sender)
+        batches.append((batch, batch.run(records)))
+    across = send_across([(batch.shuffle, last) for batch, last in batches])
+    for i, (batch, last_offset) in enumerate(batches):
+        if i not in across:
+            batch.shuffle.send_all(last_offset)
+    for batch, _ in batches:
+        batch.outputs.flush()
+    sender.flush()
+    return [batch.stats for batch, _ in batches]
 
 
 class _SourceBatch:
@@ -74,7 +90,7 @@ class _SourceBatch:
     def __init__(
         self, ctx: StageContext, queue_id: int, start: int, end: int, sender: Sender
     ) -> None:
-        self.ctx, self.queue_id, self.sender = ctx, queue_id, sender
+        self.ctx, self.queue_id, self.start, self.sender = ctx, queue_id, start, sender
         self.stats = TaskStats(stage=ctx.stage.index, queue_id=queue_id, end_offset=end)
         self.stage = stage = ctx.stage
         assert stage.source is not None
@@ -150,11 +166,25 @@ class _SourceBatch:
             keyed.append(k)
         return keyed
 
-    def finish(self, last_offset: int) -> TaskStats:
-        """Send what the batch left, all of it durable before the driver commits offsets."""
+    def run(self, records: Iterable[Record]) -> int:
+        """Apply ``records``; the last offset read (``start - 1``: none). The counts are
+        in the shuffle's combined slots after it, ready to send."""
+        last_offset = self.start - 1
+        if self.whole is not None:
+            records = list(records)
+            if self.apply_whole(records):
+                last_offset = records[-1].queue_offset if records else last_offset
+                records = []
+        for record in records:
+            last_offset = record.queue_offset
+            self.apply(record)
         if self.counting is not None:
             self.counting.merge()
-        self.shuffle.send_all(last_offset)
+        return last_offset
+
+    def flush(self) -> TaskStats:
+        """Once the shuffle is sent: the rest, all of it durable before the driver commits
+        offsets."""
         self.outputs.flush()
         self.sender.flush()
         return self.stats
