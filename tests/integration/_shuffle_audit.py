@@ -12,6 +12,7 @@ the mark and its end, routed to that shuffle queue.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
@@ -68,31 +69,55 @@ def _audit_queue(
     found: list[str] = []
     for record in records:
         body = decode(record.body)
-        # A message pre-combined across a step's source queues: one part per origin.
-        parts = (
-            [(int(s), [off, sub], n) for s, off, sub, n, _p in body["srcs"]]
-            if "srcs" in body
-            else [(int(body["src"]), body.get("end"), body.get("n"))]
-        )
-        for src, end_, n in parts:
-            mark = marks.get(src, (-1, -1))
-            if "recs" in body:
-                for entry in body["recs"]:
-                    mark = max(mark, (int(entry[3]), int(entry[4])))
-            elif tuple(end_) > mark:
-                end = (int(end_[0]), int(end_[1]))
-                if "comb" in body and src in sources:
-                    routed = _routed_words(sources[src], mark, end[0], target, shuffle_queues)
-                    if int(n) > routed:
-                        found.append(
-                            f"shuffle queue {target} @{record.queue_offset}: origin {src} "
-                            f"combined to {end} stands for {n} records, but only {routed} "
-                            f"lie past the mark {mark} (born {record.born_timestamp}, stored "
-                            f"{record.store_timestamp})"
-                        )
-                mark = end
-            marks[src] = mark
+        if "srcs" in body:  # pre-combined across a step's source queues: audited whole
+            found += _audit_across(target, shuffle_queues, record, body, marks, sources)
+            continue
+        src = int(body["src"])
+        mark = marks.get(src, (-1, -1))
+        if "recs" in body:
+            for entry in body["recs"]:
+                mark = max(mark, (int(entry[3]), int(entry[4])))
+        elif tuple(body["end"]) > mark:
+            end = (int(body["end"][0]), int(body["end"][1]))
+            if "comb" in body and src in sources:
+                routed = _routed_words(sources[src], mark, end[0], target, shuffle_queues)
+                if int(body["n"]) > routed:
+                    found.append(
+                        f"shuffle queue {target} @{record.queue_offset}: origin {src} combined "
+                        f"to {end} stands for {body['n']} records, but only {routed} lie past "
+                        f"the mark {mark} (born {record.born_timestamp}, stored "
+                        f"{record.store_timestamp})"
+                    )
+            mark = end
+        marks[src] = mark
     return found
+
+
+def _audit_across(
+    target: int,
+    shuffle_queues: int,
+    record: Record,
+    body: dict[str, Any],
+    marks: dict[int, tuple[int, int]],
+    sources: Mapping[int, SourceWords],
+) -> list[str]:
+    ends = {int(s): (int(off), int(sub)) for s, off, sub, _p in body["srcs"]}
+    if any(end <= marks.get(src, (-1, -1)) for src, end in ends.items()):
+        return []  # a replay: the keyed stage skips it whole (or fails on a partial one)
+    routed = 0
+    for src, end in ends.items():
+        if src in sources:
+            routed += _routed_words(
+                sources[src], marks.get(src, (-1, -1)), end[0], target, shuffle_queues
+            )
+        marks[src] = end
+    if not set(ends) <= set(sources) or int(body["n"]) <= routed:
+        return []
+    return [
+        f"shuffle queue {target} @{record.queue_offset}: origins {sorted(ends)} combined to "
+        f"{ends} stand for {body['n']} records, but only {routed} lie past their marks "
+        f"(born {record.born_timestamp}, stored {record.store_timestamp})"
+    ]
 
 
 def _routed_words(

@@ -14,6 +14,7 @@ import pytest
 
 from stream_assets.dsl.builder import StreamBuilder
 from stream_assets.examples import wordcount
+from stream_assets.operators.batches import lower_words
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime.core.send_buffer import SendBuffer
 from stream_assets.runtime.core.shuffle_codec import ShuffleProtocolError, decode, encode_across
@@ -96,8 +97,9 @@ def test_an_across_message_partly_applied_before_fails_the_step_and_changes_noth
         before = _counts(driver)
         # Origin 0 (queue 0) ended at offset 0 and is applied; origin 1 goes further.
         body = encode_across(
-            [(0, (0, WHOLE_OFFSET), 1, None), (1, (5, WHOLE_OFFSET), 1, None)],
+            [(0, (0, WHOLE_OFFSET), None), (1, (5, WHOLE_OFFSET), None)],
             [["a", None, None, [1], 0, 1]],
+            records=1,
         )
         driver.broker.send(SHUFFLE, body, queue_id=0)
         driver.broker.flush()
@@ -146,3 +148,53 @@ def test_only_unwindowed_counts_go_across(build: Any) -> None:
             for r in driver.broker.topic(driver.topology.stages[1].input_topic).read(q, 0)
         ]
         assert bodies and not any("srcs" in body for body in bodies)
+
+
+def _vectorised() -> Topology:
+    builder = StreamBuilder("vec")
+    (
+        builder.source(SOURCE, text_deserializer)
+        .flat_map_batches(lower_words)
+        .key_by(str)
+        .count()
+        .to_rstream()
+        .sink(SINK)
+    )
+    return builder.build()
+
+
+def _mixed_keys() -> Topology:
+    """Words keyed by themselves, numbers by their int: the count path takes str keys
+    only, so a batch holds partials of both paths."""
+    builder = StreamBuilder("mixed")
+    (
+        builder.source(SOURCE, text_deserializer)
+        .flat_map(str.split)
+        .key_by(lambda w: int(w) if w.isdigit() else w)
+        .count()
+        .to_rstream()
+        .sink(SINK)
+    )
+    return builder.build()
+
+
+@pytest.mark.parametrize("build", [_vectorised, _mixed_keys])
+def test_partials_of_other_paths_merge_across_too(build: Any) -> None:
+    rnd = random.Random(6)
+    lines = [
+        " ".join(rnd.choice(["To", "be", "or", "NOT", "7", "42"]) for _ in range(4))
+        for _ in range(120)
+    ]
+    with _driver(build()) as driver:
+        for line in lines:
+            driver.pipe(line)
+        driver.advance()
+        shuffle = driver.topology.stages[1].input_topic
+        bodies = [decode(r.body) for q in range(3) for r in driver.broker.topic(shuffle).read(q, 0)]
+        assert bodies and all("srcs" in body for body in bodies)
+        got = {str(o["key"]): o["count"] for o in driver.outputs(SINK)}
+    if build is _vectorised:
+        reference = collections.Counter(w for line in lines for w in line.lower().split())
+    else:
+        reference = collections.Counter(w for line in lines for w in line.split())
+    assert got == dict(reference)

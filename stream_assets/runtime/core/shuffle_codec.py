@@ -9,7 +9,7 @@ all-or-nothing and keeps sends few.
 - combined:   ``{"src": q, "comb": [[key, wstart, wend, acc, max_ts, n], ...],
   "end": [offset, sub], "n": records, "p": progress}`` (pre-aggregated per key and window)
 - progress mark: ``{"src": q, "end": [offset, sub], "p": progress}`` (no records)
-- combined across origins: ``{"srcs": [[q, offset, sub, records, progress], ...],
+- combined across origins: ``{"srcs": [[q, offset, sub, progress], ...],
   "comb": [...], "n": records}``: one real-time step's pre-combined partials of
   several source queues (:mod:`~stream_assets.runtime.core.stage0.across_queues`),
   each origin's part ending at its own ``[offset, sub]``. Its origins are applied
@@ -96,19 +96,18 @@ def encode_combined(
 
 
 def encode_across(
-    origins: list[tuple[int, tuple[int, int], int, int | None]],
-    entries: list[list[Any]],
+    origins: list[tuple[int, tuple[int, int], int | None]], entries: list[list[Any]], records: int
 ) -> bytes:
-    """A pre-combined message of several origins: per origin ``(src, end, records,
-    progress)``, the partials of them all merged per key and window.
+    """A pre-combined message of several origins, each ``(src, end, progress)``: their
+    partials merged per key and window, standing for ``records`` records in all.
 
-    >>> origins = [(1, (9, 7), 3, None), (2, (4, 7), 2, 50)]
-    >>> body = encode_across(origins, [["k", None, None, 5, 50, 5]])
+    >>> origins = [(1, (9, 7), None), (2, (4, 7), 50)]
+    >>> body = encode_across(origins, [["k", None, None, 5, 50, 5]], records=5)
     >>> decode(body)["srcs"], decode(body)["n"]
-    ([[1, 9, 7, 3, None], [2, 4, 7, 2, 50]], 5)
+    ([[1, 9, 7, None], [2, 4, 7, 50]], 5)
     """
-    srcs = [[src, end[0], end[1], records, progress] for src, end, records, progress in origins]
-    return pack({"srcs": srcs, "comb": entries, "n": sum(o[2] for o in origins)})
+    srcs = [[src, end[0], end[1], progress] for src, end, progress in origins]
+    return pack({"srcs": srcs, "comb": entries, "n": records})
 
 
 def encode_mark(src: int, end: tuple[int, int], progress: int) -> bytes:

@@ -256,7 +256,7 @@ class _QueueBatch:
         """Apply a message pre-combined across several origins (stage0/across_queues.py):
         all its origins at once, or none where it is a replay."""
         marks = self.meta.origins
-        origins = [(int(s), (int(off), int(sub)), p) for s, off, sub, _n, p in body["srcs"]]
+        origins = [(int(s), (int(off), int(sub)), p) for s, off, sub, p in body["srcs"]]
         new = [end > tuple(marks.get(src, (-1, -1))) for src, end, _ in origins]
         if not any(new):
             self.stats.skipped_duplicates += len(body["comb"])

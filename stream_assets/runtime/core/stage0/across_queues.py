@@ -24,13 +24,15 @@ Example::
     >>> from stream_assets.runtime.core.context import StageContext, TaskStats
     >>> from stream_assets.runtime.core.shuffle_codec import decode
     >>> ctx = StageContext.of(wordcount.build(), 0, shuffle_queues=1, source_queues=(0, 1))
+    >>> from stream_assets.runtime.core.stage0.count_path import CountPath
     >>> class Out:
     ...     def send(self, topic, body, queue_id, key): self.body = body
     >>> out, batches = Out(), []
-    >>> for q, words in ((0, ["to", "be"]), (1, ["be"])):
-    ...     s = ShuffleOut(ctx, out, TaskStats(queue_id=q), src=q, combine=True)
-    ...     keyed = s.key(0, [(w, 7) for w in words], offset=0)
-    ...     s.fold(keyed); s.accept(0, keyed, offset=0); batches.append((s, 0))
+    >>> for q, line in ((0, "to be"), (1, "be")):
+    ...     shuffle = ShuffleOut(ctx, out, TaskStats(queue_id=q), src=q, combine=True)
+    ...     counting = CountPath.of(ctx.stage, shuffle)
+    ...     counting.take(line, 7, offset=0)
+    ...     batches.append((shuffle, counting, 0))
     >>> send_across(batches)
     {0, 1}
     >>> sorted((e[0], e[3]) for e in decode(out.body)["comb"]), decode(out.body)["n"]
@@ -39,41 +41,54 @@ Example::
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from stream_assets.runtime.core.shuffle_codec import encode_across
-from stream_assets.runtime.core.stage0.shuffle_out import WHOLE_OFFSET, EntryKey, ShuffleOut
+from stream_assets.runtime.core.stage0.count_path import CountPath, merge_counts
+from stream_assets.runtime.core.stage0.shuffle_out import WHOLE_OFFSET, ShuffleOut
 from stream_assets.serde.packing import PackingError
 
-#: One queue's batch: its shuffle and the last offset it read.
-Batch = tuple[ShuffleOut, int]
+#: One queue's batch: its shuffle, its count path with the counts not yet merged into
+#: the shuffle's slots (None: the stage has none), and the last offset it read.
+Batch = tuple[ShuffleOut, CountPath | None, int]
 
 
 def send_across(batches: Sequence[Batch]) -> set[int]:
     """Send the pre-combined partials of ``batches`` merged per shuffle queue, where at
-    least two can go so; the indexes of those sent (the others' ``send_all`` is the
-    caller's). Nothing is sent when the merge cannot be (a partial the codec cannot
-    carry, a message over the body limit)."""
-    chosen = [i for i, (shuffle, _) in enumerate(batches) if _joins(shuffle)]
+    least two can go so; the indexes of those sent (the others' counts still to merge
+    and ``send_all`` are the caller's). Nothing is sent, and no batch changed, when the
+    merged partials cannot go (a message over the body limit)."""
+    chosen = [i for i, batch in enumerate(batches) if _joins(*batch)]
     if len(chosen) < 2:
         return set()
     parts = [batches[i] for i in chosen]
-    first = parts[0][0]
+    merged = _merged(parts)
+    assert merged.count_acc is not None
+    # Every origin in every message: one with nothing for a queue moves its mark there
+    # over a range that holds nothing for it, which a replay of it would not send either.
+    origins = [(shuffle.src, (last, WHOLE_OFFSET), shuffle.progress) for shuffle, _, last in parts]
     bodies: list[tuple[int, bytes, int]] = []
-    for target in sorted({t for shuffle, _ in parts for t in shuffle.combined}):
-        merged = _merged(parts, target)
-        if merged is None:
+    for target, slots in sorted(merged.combined.items()):
+        entries = list(slots.values())
+        for slot in entries:  # a counted slot's accumulator, as add would have made it
+            slot[3] = merged.count_acc(slot[5])
+        try:
+            body = encode_across(origins, entries, merged.combined_records[target])
+        except PackingError:
             return set()
-        bodies.append((target, *merged))
+        if len(body) > merged.body_limit:
+            return set()
+        bodies.append((target, body, len(entries)))
+    first, _, last_offset = parts[0]
     topic = first.exits[0].topic
-    for target, body, entries in bodies:
-        first.send_message(topic, target, body, parts[0][1])
-        first.stats.shuffle_records += entries
+    for target, body, sent in bodies:
+        first.send_message(topic, target, body, last_offset)
+        first.stats.shuffle_records += sent
     return set(chosen)
 
 
-def _joins(shuffle: ShuffleOut) -> bool:
+def _joins(shuffle: ShuffleOut, counting: CountPath | None, _last: int) -> bool:
     """Whether a queue's batch may be merged with others: it went wholly pre-combined,
     into a count that judges no time, and has partials to send. Only counts: a merged
     sum the state refuses (past 64 bits) would be one dead letter where the queues'
@@ -84,36 +99,35 @@ def _joins(shuffle: ShuffleOut) -> bool:
         and not shuffle.timed_topics
         and not shuffle.per_record_only
         and not shuffle.per_record
-        and bool(shuffle.combined_records)
+        and bool(shuffle.combined_records or (counting is not None and counting.counts))
     )
 
 
-def _merged(parts: Sequence[Batch], target: int) -> tuple[bytes, int] | None:
-    """The message for shuffle queue ``target`` and its entry count; None: it cannot go."""
+def _merged(parts: Sequence[Batch]) -> ShuffleOut:
+    """A shuffle holding the partials of every part: their counts added up and routed
+    once per distinct key, then the slots some records took another way to (the
+    vectorised path's, a key that is not a ``str``), copied so each part's stay."""
     first = parts[0][0]
-    counting = first.count_acc
-    assert counting is not None
-    slots: dict[EntryKey, list[Any]] = {}
-    origins: list[tuple[int, tuple[int, int], int, int | None]] = []
-    for shuffle, last_offset in parts:
-        mine = shuffle.combined.get(target)
-        if not mine:
+    merged = ShuffleOut(first.ctx, first.sender, first.stats, first.src, combine=True)
+    counts: Counter[str] = Counter()
+    latest: dict[str, int] = {}
+    for _, counting, _ in parts:
+        if counting is None or not counting.counts:
             continue
-        end = (last_offset, WHOLE_OFFSET)
-        origins.append((shuffle.src, end, shuffle.combined_records[target], shuffle.progress))
-        for entry_key, slot in mine.items():
-            have = slots.get(entry_key)
-            if have is None:
-                slots[entry_key] = list(slot)  # the queue's own slot stays as it was
-                continue
-            if slot[4] > have[4]:
-                have[4] = slot[4]
-            have[5] += slot[5]
-    entries = list(slots.values())
-    for slot in entries:  # a counted slot's accumulator, as add would have made it
-        slot[3] = counting(slot[5])
-    try:
-        body = encode_across(origins, entries)
-    except PackingError:
-        return None
-    return None if len(body) > first.body_limit else (body, len(entries))
+        counts.update(counting.counts)
+        for key, ts in counting.latest.items():
+            if ts > latest.get(key, ts - 1):
+                latest[key] = ts
+    merge_counts(merged, counts, latest)
+    for shuffle, _, _ in parts:
+        for target, slots in shuffle.combined.items():
+            into = merged.combined[target]
+            for entry_key, slot in slots.items():
+                have = into.get(entry_key)
+                if have is None:
+                    into[entry_key] = list(slot)
+                    continue
+                have[4] = max(have[4], slot[4])
+                have[5] += slot[5]
+            merged.combined_records[target] += shuffle.combined_records[target]
+    return merged

@@ -68,10 +68,12 @@ def run_source_batches(ctx: StageContext, parts: Iterable[Part], sender: Sender)
     batches: list[tuple[_SourceBatch, int]] = []
     for queue_id, start, end, records in parts:  # read lazily: one queue's records at a time
         batch = _SourceBatch(ctx, queue_id, start, end, sender)
-        batches.append((batch, batch.run(records)))
-    across = send_across([(batch.shuffle, last) for batch, last in batches])
+        batches.append((batch, batch.run(records, merge_counts=False)))
+    across = send_across([(b.shuffle, b.counting, last) for b, last in batches])
     for i, (batch, last_offset) in enumerate(batches):
         if i not in across:
+            if batch.counting is not None:
+                batch.counting.merge()
             batch.shuffle.send_all(last_offset)
     for batch, _ in batches:
         batch.outputs.flush()
@@ -166,9 +168,10 @@ class _SourceBatch:
             keyed.append(k)
         return keyed
 
-    def run(self, records: Iterable[Record]) -> int:
+    def run(self, records: Iterable[Record], merge_counts: bool = True) -> int:
         """Apply ``records``; the last offset read (``start - 1``: none). The counts are
-        in the shuffle's combined slots after it, ready to send."""
+        in the shuffle's combined slots after it, ready to send, unless ``merge_counts``
+        is False (merged across queues, they never go into this queue's slots)."""
         last_offset = self.start - 1
         if self.whole is not None:
             records = list(records)
@@ -178,7 +181,7 @@ class _SourceBatch:
         for record in records:
             last_offset = record.queue_offset
             self.apply(record)
-        if self.counting is not None:
+        if merge_counts and self.counting is not None:
             self.counting.merge()
         return last_offset
 
