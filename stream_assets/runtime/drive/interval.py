@@ -7,10 +7,12 @@ few long-running tasks (:mod:`stream_assets.runtime.spark.real_time`), and
 each task runs :func:`run_interval`: it polls its queues' end offsets, runs
 the per-queue core on whatever arrived (one *step*: the same
 :func:`~stream_assets.runtime.drive.queues.run_range` a micro-batch runs,
-so the same exactly-once protocol), sends its stats to the instance at once
-(which commits the offsets), and polls again. What stage 0 sends to the
-shuffle is read by the keyed stage's task moments later: the shuffle topic
-is a pipelined shuffle.
+so the same exactly-once protocol; a stateless source stage's queues
+together, their counts pre-combined across them where they can be:
+:func:`~stream_assets.runtime.drive.queues.run_source_queues`), sends its
+stats to the instance at once (which commits the offsets), and polls again.
+What stage 0 sends to the shuffle is read by the keyed stage's task moments
+later: the shuffle topic is a pipelined shuffle.
 
 What holds across a crash of the task (a Spark worker killed mid-interval):
 - a retried task resumes from the later of the plan's positions and the
