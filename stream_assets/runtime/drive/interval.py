@@ -97,6 +97,11 @@ def run_interval(plan: IntervalPlan) -> dict[int, dict[str, Any]]:
     try:
         task = _Task(plan)
         task.resume()
+        # What lives before the first step (modules, clients, open stores, caches) lives
+        # all interval: out of the collector's sight, a full collection walks only what
+        # the interval made. It walked everything: 55-108 ms, a few times a run, a pause
+        # for every record in flight. Back in sight when the interval ends.
+        gc.freeze()
         deadline = time.monotonic() + plan.interval_s
         wait = _FIRST_WAIT_S
         while time.monotonic() < deadline and not client.stop_requested():
@@ -114,6 +119,7 @@ def run_interval(plan: IntervalPlan) -> dict[int, dict[str, Any]]:
             client.send_rows(rows)
         return task.positions
     finally:
+        gc.unfreeze()
         client.close()
 
 
