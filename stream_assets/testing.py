@@ -904,27 +904,31 @@ class TopologyTestDriver:
         with contextlib.redirect_stdout(self._stdout):
             if self.across_queues and not ctx.stage.positioned:
                 parts = [
-                    (q, start, end, [r for r in topic.read(q, start, end) if tags.matches(r.tags)])
+                    (q, start, end, self._records(ctx, q, start, end, tags))
                     for q, start, end in ranges
                 ]
                 self.stats += run_source_batches(ctx, parts, SendBuffer(self.broker))
+                for q, _start, end in ranges:
+                    committed[q] = end
             else:
-                for q, start, end in ranges:
+                for q, start, end in ranges:  # each queue committed after its own batch
                     self.stats.append(self._source_batch(ctx, q, start, end, tags))
-        for q, _start, end in ranges:
-            committed[q] = end
+                    committed[q] = end
         return bool(ranges)
+
+    def _records(
+        self, ctx: StageContext, q: int, start: int, end: int, tags: TagFilter
+    ) -> list[Record]:
+        """Offsets ``start`` .. ``end`` of source queue ``q`` that ``tags`` selects."""
+        read = self.broker.topic(ctx.stage.input_topic).read(q, start, end)
+        return [r for r in read if tags.matches(r.tags)]
 
     def _source_batch(
         self, ctx: StageContext, q: int, start: int, end: int, tags: TagFilter
     ) -> TaskStats:
         if ctx.stage.positioned:  # its position committed with its transaction
             return run_positioned_source_batch(ctx, q, start, end, self._ports(ctx.stage, q), tags)
-        records = [
-            r
-            for r in self.broker.topic(ctx.stage.input_topic).read(q, start, end)
-            if tags.matches(r.tags)
-        ]
+        records = self._records(ctx, q, start, end, tags)
         return run_source_batch(ctx, q, start, end, records, SendBuffer(self.broker))
 
     def _stateful_round(self, ctx: StageContext, tick: bool) -> bool:

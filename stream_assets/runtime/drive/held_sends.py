@@ -225,8 +225,9 @@ class _UnheldTransport:
 
     def send_all(self, messages: Sequence[OutgoingMessage]) -> list[SendReceipt]:
         receipts, unsent = self._held._producer().send_reachable(messages, set())
-        for group in sorted(set(unsent.values())):
+        down = sorted(set(unsent.values()))
+        for group in down:
             self._held._went_down(group)
-        if unsent:
-            raise GroupWentDown(", ".join(sorted(set(unsent.values()))))
+        if down:
+            raise GroupWentDown(", ".join(down))
         return [r for r in receipts if r is not None]

@@ -146,8 +146,9 @@ def run_source_queues(
             for r in ranges
         )
         stats = run_source_batches(ctx.stage, parts, SendBuffer(transport))
+        digest = settings.digest()
         for one in stats:
-            one.settings_digest = settings.digest()
+            one.settings_digest = digest
         return stats
 
     queues = ",".join(str(r.queue_id) for r in ranges)
