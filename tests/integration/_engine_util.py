@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -179,6 +179,27 @@ def read_topic(admin: RocketMQAdmin, topic: str) -> list[Record]:
         return out
     finally:
         reader.close()
+
+
+def await_readable(
+    admin: RocketMQAdmin, topic: str, keys: Collection[str], timeout_s: float = 60.0
+) -> None:
+    """Wait until a message of each of ``keys`` (message keys just sent) can be read
+    from ``topic``'s queues on the groups that answer.
+
+    A send returns once the master stored the message, yet readers see it only once
+    it is dispatched, and a controller-mode group with a slave dispatches a message
+    once its in-sync replicas hold it: moments later, seconds on a loaded machine (a
+    reference read right after a send missed a quarter of the input). A reference
+    computed from what a topic holds reads it after this.
+    """
+    missing = set(keys)
+
+    def all_readable() -> bool:
+        missing.difference_update(k for r in read_topic(admin, topic) for k in r.keys)
+        return not missing
+
+    wait_for(all_readable, timeout_s, f"{len(missing)} messages sent to {topic} readable", 0.1)
 
 
 def state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[str, list[str]]:

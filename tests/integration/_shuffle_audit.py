@@ -11,6 +11,7 @@ the mark and its end, routed to that shuffle queue.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -129,3 +130,55 @@ def _routed_words(
             if (offset, sub) > mark and queue_for_key(encode_key(word), queues) == target:
                 total += 1
     return total
+
+
+def replayed_counts(
+    admin: RocketMQAdmin, shuffle: TopicLayout, readable: set[str]
+) -> tuple[collections.Counter[str], list[str]]:
+    """The count per word the keyed rule makes of the shuffle queues on ``readable`` groups
+    (each message applied once, in queue order, replays skipped by origin marks), and what
+    the rule would refuse (a partly applied message): what the keyed state should hold if
+    stage 0's messages are right. A count past the input that this replay does not make
+    was made by the keyed side."""
+    counts: collections.Counter[str] = collections.Counter()
+    refused: list[str] = []
+    reader = QueueReader(admin, group=unique("it-audit-replay"))
+    try:
+        for target in range(len(shuffle)):
+            queue = shuffle.queue(target)
+            if queue.broker_name in readable:
+                _replay_queue(target, list(reader.read(queue, 0)), counts, refused)
+    finally:
+        reader.close()
+    return counts, refused
+
+
+def _replay_queue(
+    target: int, records: list[Record], counts: collections.Counter[str], refused: list[str]
+) -> None:
+    marks: dict[int, tuple[int, int]] = {}
+    for record in records:
+        body = decode(record.body)
+        if "srcs" in body:
+            ends = {int(s): (int(off), int(sub)) for s, off, sub, _p in body["srcs"]}
+            new = [end > marks.get(src, (-1, -1)) for src, end in ends.items()]
+            if not any(new):
+                continue
+            if not all(new):
+                refused.append(f"shuffle queue {target} @{record.queue_offset}: partly applied")
+                continue
+            counts.update({str(e[0]): int(e[5]) for e in body["comb"]})
+            marks.update(ends)
+            continue
+        src = int(body["src"])
+        mark = marks.get(src, (-1, -1))
+        if "recs" in body:
+            for entry in body["recs"]:
+                if (int(entry[3]), int(entry[4])) > mark:
+                    mark = (int(entry[3]), int(entry[4]))
+                    counts[str(entry[0])] += 1
+        elif tuple(body["end"]) > mark:
+            for e in body.get("comb", ()):
+                counts[str(e[0])] += int(e[5])
+            mark = (int(body["end"][0]), int(body["end"][1]))
+        marks[src] = mark

@@ -60,6 +60,7 @@ from tests.integration._driver_process import DriverProcess
 from tests.integration._engine_util import (
     BackgroundProducer,
     Message,
+    await_readable,
     final_counts,
     latest_by_message_key,
     read_topic,
@@ -130,7 +131,8 @@ def _lines(seed: int, count: int) -> list[str]:
 
 
 def _send_lines(settings: RocketMQSettings, topic: str, lines: Sequence[str], tag: str) -> None:
-    """Ten lines a message, keyed: the stable key hash spreads them over every writable queue."""
+    """Ten lines a message, keyed: the stable key hash spreads them over every writable
+    queue. Returns once every message can be read."""
     messages = [
         OutgoingMessage(topic, "\n".join(lines[i : i + 10]).encode(), key=f"{tag}-{i}")
         for i in range(0, len(lines), 10)
@@ -138,6 +140,8 @@ def _send_lines(settings: RocketMQSettings, topic: str, lines: Sequence[str], ta
     with BatchProducer(settings) as producer:
         for i in range(0, len(messages), 500):
             producer.send_all(messages[i : i + 500])
+    with RocketMQAdmin(settings) as admin:  # references are read from the topic
+        await_readable(admin, topic, [m.key for m in messages if m.key])
 
 
 def _read_per_queue(admin: RocketMQAdmin, topic: str) -> list[list[bytes]]:
@@ -247,8 +251,17 @@ def test_a_group_without_a_master_for_three_minutes_the_other_groups_keys_keep_p
                 found = shuffle_audit.overlapping_combines(
                     cluster_admin, shuffle, sources, {"broker-a"}
                 )
+                replayed, refused = shuffle_audit.replayed_counts(
+                    cluster_admin, shuffle, {"broker-a"}
+                )
+                some = list(past)[:5]
                 raise AssertionError(
-                    f"a count past the input: {dict(list(past.items())[:5])} (count, input); "
+                    f"a count past the input: {dict(list(past.items())[:5])} (count, input), "
+                    f"{len(past)} words; their shuffle queues "
+                    f"{ {w: queue_for_key(encode_key(w), len(shuffle)) for w in some} } of "
+                    f"{ {i: shuffle.queue(i).broker_name for i in range(len(shuffle))} }; "
+                    f"the keyed rule over broker-a's shuffle queues makes "
+                    f"{ {w: replayed[w] for w in some} }, refusing {refused[:3]}; "
                     f"{found or 'no combined message overlaps its mark'}"
                 )
             return all(counts.get(w) == n for w, n in healthy.items())
@@ -318,6 +331,11 @@ class _LiveLines:
     def total(self) -> int:
         return len(self._messages)
 
+    @property
+    def keys(self) -> list[str]:
+        """The message keys of every line message."""
+        return [m.key for m in self._messages if m.key]
+
     def join(self, timeout_s: float) -> None:
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the producer did not finish"
@@ -370,6 +388,7 @@ def test_wordcount_over_two_broker_groups_rides_a_master_failover_and_starts_aga
         wait_until(marker_counted, CATCH_UP_S, "the marker's count in the sink", poll_s=0.5)
         resumed_s = time.monotonic() - killed_at
     live.join(CATCH_UP_S)
+    await_readable(cluster_admin, source, live.keys)
     inst.check_failed()  # the same instance all along, never failed
     inst.await_caught_up(CATCH_UP_S)
 
@@ -756,8 +775,14 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         assert sent_at_kill < len(messages), "the stream was over before the kill"
         spark_cluster.wait_ready(workers=1, timeout_s=60)
         producer.join(120)
+        sent_ids = {json.loads(m.body)["id"] for m in messages}
 
-        stored = process_case.stored_events(cluster_admin, source)
+        def every_event_readable() -> dict[str, list[dict[str, Any]]]:
+            held = process_case.stored_events(cluster_admin, source)
+            return held if sent_ids <= {e["id"] for es in held.values() for e in es} else {}
+
+        # A reference from what the topic holds: once all that was sent can be read.
+        stored = wait_until(every_event_readable, 60, "every event sent to be readable", 0.2)
         expected_unique = process_case.dedup_reference(stored, horizon_ms)
         final_watermark = flush_ts - int(lateness_s * 1000)
         expected_sessions = process_case.sessions_reference(
