@@ -137,7 +137,13 @@ class QueueReader:
         self, queue: MessageQueue, start: int, end: int | None = None, tags: TagFilter = _EVERY
     ) -> Iterator[Record]:
         """Every record of ``queue`` from ``start`` up to ``end`` (default: what is stored
-        now), only those ``tags`` selects."""
+        now), only those ``tags`` selects.
+
+        With ``end`` given, the read never stops short of it: were the broker to serve
+        nothing at an offset below it (a slave read while its master is down that does
+        not hold the offset yet), a caller would commit records it never saw. It
+        raises a :class:`RemotingError` instead, which an engine step rides out.
+        """
         stop = self.admin.max_offset(queue) if end is None else end
         offset = start
         while offset < stop:
@@ -149,10 +155,17 @@ class QueueReader:
                     f"offset outside the stored range {batch.min_offset}..{batch.max_offset}",
                 )
             if not batch.records:
-                if tags.tags is None or batch.next_offset <= offset:
-                    return
-                offset = batch.next_offset  # all filtered out up to there: read on
-                continue
+                if tags.tags is not None and batch.next_offset > offset:
+                    offset = batch.next_offset  # all filtered out up to there: read on
+                    continue
+                if end is None:
+                    return  # what the queue held when the read began, all read
+                raise RemotingError(
+                    f"read {queue.topic}[{queue.queue_id}] on {queue.broker_name} up to {end}",
+                    int(ResponseCode.PULL_NOT_FOUND),
+                    f"the broker served nothing from offset {offset} (it can be read up to "
+                    f"{batch.max_offset}; a slave behind its master?): read again, not cut short",
+                )
             for record in batch.records:
                 if record.queue_offset >= stop:
                     return
