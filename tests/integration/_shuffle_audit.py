@@ -12,7 +12,7 @@ the mark and its end, routed to that shuffle queue.
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -51,15 +51,8 @@ def overlapping_combines(
     """Every combined message of a shuffle queue on a ``readable`` group that stands for
     more records than its origin holds past the mark, described for a person."""
     found: list[str] = []
-    reader = QueueReader(admin, group=unique("it-audit-shuffle"))
-    try:
-        for target in range(len(shuffle)):
-            queue = shuffle.queue(target)
-            if queue.broker_name in readable:
-                records = list(reader.read(queue, 0))
-                found += _audit_queue(target, len(shuffle), records, sources)
-    finally:
-        reader.close()
+    for target, records in _shuffle_queues(admin, shuffle, readable):
+        found += _audit_queue(target, len(shuffle), records, sources)
     return found
 
 
@@ -142,15 +135,23 @@ def replayed_counts(
     was made by the keyed side."""
     counts: collections.Counter[str] = collections.Counter()
     refused: list[str] = []
-    reader = QueueReader(admin, group=unique("it-audit-replay"))
+    for target, records in _shuffle_queues(admin, shuffle, readable):
+        _replay_queue(target, records, counts, refused)
+    return counts, refused
+
+
+def _shuffle_queues(
+    admin: RocketMQAdmin, shuffle: TopicLayout, readable: set[str]
+) -> Iterator[tuple[int, list[Record]]]:
+    """Each shuffle queue on a ``readable`` group: its index and every record it holds."""
+    reader = QueueReader(admin, group=unique("it-audit-shuffle"))
     try:
         for target in range(len(shuffle)):
             queue = shuffle.queue(target)
             if queue.broker_name in readable:
-                _replay_queue(target, list(reader.read(queue, 0)), counts, refused)
+                yield target, list(reader.read(queue, 0))
     finally:
         reader.close()
-    return counts, refused
 
 
 def _replay_queue(
