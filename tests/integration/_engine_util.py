@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -182,10 +182,14 @@ def read_topic(admin: RocketMQAdmin, topic: str) -> list[Record]:
 
 
 def await_readable(
-    admin: RocketMQAdmin, topic: str, keys: Collection[str], timeout_s: float = 60.0
+    admin: RocketMQAdmin,
+    topic: str,
+    wanted: Collection[str],
+    ids: Callable[[Record], Iterable[str]] = lambda r: r.keys,
 ) -> None:
-    """Wait until a message of each of ``keys`` (message keys just sent) can be read
-    from ``topic``'s queues on the groups that answer.
+    """Wait until a message of each of ``wanted`` (what was just sent, by the ``ids`` a
+    record carries: its message keys unless told) can be read from ``topic``'s queues
+    on the groups that answer.
 
     A send returns once the master stored the message, yet readers see it only once
     it is dispatched, and a controller-mode group with a slave dispatches a message
@@ -193,13 +197,18 @@ def await_readable(
     reference read right after a send missed a quarter of the input). A reference
     computed from what a topic holds reads it after this.
     """
-    missing = set(keys)
+    missing = set(wanted)
 
     def all_readable() -> bool:
-        missing.difference_update(k for r in read_topic(admin, topic) for k in r.keys)
+        missing.difference_update(i for r in read_topic(admin, topic) for i in ids(r))
         return not missing
 
-    wait_for(all_readable, timeout_s, f"{len(missing)} messages sent to {topic} readable", 0.1)
+    wait_for(
+        all_readable,
+        timeout_s=60.0,
+        what=f"what was sent to {topic} to be readable",
+        interval_s=0.1,
+    )
 
 
 def state_writers(admin: RocketMQAdmin, state_topic: str) -> dict[str, list[str]]:

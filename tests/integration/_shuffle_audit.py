@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
 from stream_assets.rocketmq.hashing import queue_for_key
@@ -49,95 +49,105 @@ def overlapping_combines(
     readable: set[str],
 ) -> list[str]:
     """Every combined message of a shuffle queue on a ``readable`` group that stands for
-    more records than its origin holds past the mark, described for a person."""
+    more records than its origins hold past their marks, described for a person."""
     found: list[str] = []
     for target, records in _shuffle_queues(admin, shuffle, readable):
-        found += _audit_queue(target, len(shuffle), records, sources)
+        for one in _applied(records):
+            if one.n is None or one.refused or not set(one.spans) <= set(sources):
+                continue
+            routed = sum(
+                _routed_words(sources[src], mark, end[0], target, len(shuffle))
+                for src, (mark, end) in one.spans.items()
+            )
+            if one.n > routed:
+                record = one.record
+                found.append(
+                    f"shuffle queue {target} @{record.queue_offset}: origins "
+                    f"{ {src: end for src, (_, end) in one.spans.items()} } combined stand for "
+                    f"{one.n} records, but only {routed} lie past their marks "
+                    f"{ {src: mark for src, (mark, _) in one.spans.items()} } (born "
+                    f"{record.born_timestamp}, stored {record.store_timestamp})"
+                )
     return found
 
 
-def _audit_queue(
-    target: int, shuffle_queues: int, records: list[Record], sources: Mapping[int, SourceWords]
-) -> list[str]:
-    marks: dict[int, tuple[int, int]] = {}
-    found: list[str] = []
+def replayed_counts(
+    admin: RocketMQAdmin, shuffle: TopicLayout, readable: set[str]
+) -> tuple[collections.Counter[str], list[str]]:
+    """The count per word the keyed rule makes of the shuffle queues on ``readable`` groups,
+    and the messages it would refuse (partly applied before): what the keyed state should
+    hold if stage 0's messages are right. A count past the input that this replay does
+    not make was made by the keyed side."""
+    counts: collections.Counter[str] = collections.Counter()
+    refused: list[str] = []
+    for target, records in _shuffle_queues(admin, shuffle, readable):
+        for one in _applied(records):
+            if one.refused:
+                refused.append(f"shuffle queue {target} @{one.record.queue_offset}")
+            for word, n in one.words:
+                counts[word] += n
+    return counts, refused
+
+
+#: An origin's high-water mark: (offset, sub-index).
+Mark = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """A shuffle message the keyed rule applies (or, ``refused``, would fail the step on)."""
+
+    record: Record
+    #: Per origin of a combined message or progress mark: the mark before it, its end.
+    spans: dict[int, tuple[Mark, Mark]]
+    #: What it adds: (word, records), the per-record entries not applied before.
+    words: list[tuple[str, int]]
+    #: The records a combined message says it stands for (None: not a combined one).
+    n: int | None
+    refused: bool = False
+
+
+def _applied(records: list[Record]) -> Iterator[_Applied]:
+    """The keyed rule (keyed/batch.py ``apply``) over one shuffle queue's messages in order:
+    per-record entries past their origin's mark, a combined message or progress mark whose
+    end is past it (across queues: all its origins, or none as a replay)."""
+    marks: dict[int, Mark] = {}
     for record in records:
         body = decode(record.body)
-        if "srcs" in body:  # pre-combined across a step's source queues: audited whole
-            found += _audit_across(target, shuffle_queues, record, body, marks, sources)
-            continue
-        src = int(body["src"])
-        mark = marks.get(src, (-1, -1))
         if "recs" in body:
+            src = int(body["src"])
+            mark, words = marks.get(src, (-1, -1)), []
             for entry in body["recs"]:
-                mark = max(mark, (int(entry[3]), int(entry[4])))
-        elif tuple(body["end"]) > mark:
-            end = (int(body["end"][0]), int(body["end"][1]))
-            if "comb" in body and src in sources:
-                routed = _routed_words(sources[src], mark, end[0], target, shuffle_queues)
-                if int(body["n"]) > routed:
-                    found.append(
-                        f"shuffle queue {target} @{record.queue_offset}: origin {src} combined "
-                        f"to {end} stands for {body['n']} records, but only {routed} lie past "
-                        f"the mark {mark} (born {record.born_timestamp}, stored "
-                        f"{record.store_timestamp})"
-                    )
-            mark = end
-        marks[src] = mark
-    return found
+                if (int(entry[3]), int(entry[4])) > mark:
+                    mark = (int(entry[3]), int(entry[4]))
+                    words.append((str(entry[0]), 1))
+            marks[src] = mark
+            yield _Applied(record, {}, words, None)
+            continue
+        if "srcs" in body:
+            ends = {int(s): (int(off), int(sub)) for s, off, sub, _p in body["srcs"]}
+        else:
+            ends = {int(body["src"]): (int(body["end"][0]), int(body["end"][1]))}
+        spans = {src: (marks.get(src, (-1, -1)), end) for src, end in ends.items()}
+        new = [end > mark for mark, end in spans.values()]
+        if not any(new):
+            continue  # a replay: skipped whole
+        comb = body.get("comb")
+        n = None if comb is None else int(body["n"])
+        if not all(new):
+            yield _Applied(record, spans, [], n, refused=True)
+            continue
+        marks.update(ends)
+        yield _Applied(record, spans, [(str(e[0]), int(e[5])) for e in comb or ()], n)
 
 
-def _audit_across(
-    target: int,
-    shuffle_queues: int,
-    record: Record,
-    body: dict[str, Any],
-    marks: dict[int, tuple[int, int]],
-    sources: Mapping[int, SourceWords],
-) -> list[str]:
-    ends = {int(s): (int(off), int(sub)) for s, off, sub, _p in body["srcs"]}
-    if any(end <= marks.get(src, (-1, -1)) for src, end in ends.items()):
-        return []  # a replay: the keyed stage skips it whole (or fails on a partial one)
-    routed = 0
-    for src, end in ends.items():
-        if src in sources:
-            routed += _routed_words(
-                sources[src], marks.get(src, (-1, -1)), end[0], target, shuffle_queues
-            )
-        marks[src] = end
-    if not set(ends) <= set(sources) or int(body["n"]) <= routed:
-        return []
-    return [
-        f"shuffle queue {target} @{record.queue_offset}: origins {sorted(ends)} combined to "
-        f"{ends} stand for {body['n']} records, but only {routed} lie past their marks "
-        f"(born {record.born_timestamp}, stored {record.store_timestamp})"
-    ]
-
-
-def _routed_words(
-    words: SourceWords, mark: tuple[int, int], end: int, target: int, queues: int
-) -> int:
+def _routed_words(words: SourceWords, mark: Mark, end: int, target: int, queues: int) -> int:
     total = 0
     for offset in range(mark[0], end + 1):
         for sub, word in enumerate(words.get(offset, ())):
             if (offset, sub) > mark and queue_for_key(encode_key(word), queues) == target:
                 total += 1
     return total
-
-
-def replayed_counts(
-    admin: RocketMQAdmin, shuffle: TopicLayout, readable: set[str]
-) -> tuple[collections.Counter[str], list[str]]:
-    """The count per word the keyed rule makes of the shuffle queues on ``readable`` groups
-    (each message applied once, in queue order, replays skipped by origin marks), and what
-    the rule would refuse (a partly applied message): what the keyed state should hold if
-    stage 0's messages are right. A count past the input that this replay does not make
-    was made by the keyed side."""
-    counts: collections.Counter[str] = collections.Counter()
-    refused: list[str] = []
-    for target, records in _shuffle_queues(admin, shuffle, readable):
-        _replay_queue(target, records, counts, refused)
-    return counts, refused
 
 
 def _shuffle_queues(
@@ -152,34 +162,3 @@ def _shuffle_queues(
                 yield target, list(reader.read(queue, 0))
     finally:
         reader.close()
-
-
-def _replay_queue(
-    target: int, records: list[Record], counts: collections.Counter[str], refused: list[str]
-) -> None:
-    marks: dict[int, tuple[int, int]] = {}
-    for record in records:
-        body = decode(record.body)
-        if "srcs" in body:
-            ends = {int(s): (int(off), int(sub)) for s, off, sub, _p in body["srcs"]}
-            new = [end > marks.get(src, (-1, -1)) for src, end in ends.items()]
-            if not any(new):
-                continue
-            if not all(new):
-                refused.append(f"shuffle queue {target} @{record.queue_offset}: partly applied")
-                continue
-            counts.update({str(e[0]): int(e[5]) for e in body["comb"]})
-            marks.update(ends)
-            continue
-        src = int(body["src"])
-        mark = marks.get(src, (-1, -1))
-        if "recs" in body:
-            for entry in body["recs"]:
-                if (int(entry[3]), int(entry[4])) > mark:
-                    mark = (int(entry[3]), int(entry[4]))
-                    counts[str(entry[0])] += 1
-        elif tuple(body["end"]) > mark:
-            for e in body.get("comb", ()):
-                counts[str(e[0])] += int(e[5])
-            mark = (int(body["end"][0]), int(body["end"][1]))
-        marks[src] = mark

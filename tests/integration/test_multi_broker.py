@@ -772,14 +772,9 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         assert sent_at_kill < len(messages), "the stream was over before the kill"
         spark_cluster.wait_ready(workers=1, timeout_s=60)
         producer.join(120)
-        sent_ids = {json.loads(m.body)["id"] for m in messages}
-
-        def every_event_readable() -> dict[str, list[dict[str, Any]]]:
-            held = process_case.stored_events(cluster_admin, source)
-            return held if sent_ids <= {e["id"] for es in held.values() for e in es} else {}
-
-        # A reference from what the topic holds: once all that was sent can be read.
-        stored = wait_until(every_event_readable, 60, "every event sent to be readable", 0.2)
+        sent_ids = [json.loads(m.body)["id"] for m in messages]
+        await_readable(cluster_admin, source, sent_ids, ids=lambda r: [json.loads(r.body)["id"]])
+        stored = process_case.stored_events(cluster_admin, source)
         expected_unique = process_case.dedup_reference(stored, horizon_ms)
         final_watermark = flush_ts - int(lateness_s * 1000)
         expected_sessions = process_case.sessions_reference(
