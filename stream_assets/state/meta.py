@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-import copy
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +58,18 @@ class StateMeta:
     log_end: int | None = None
 
     def copy(self) -> StateMeta:
-        """A deep copy, safe to modify without touching the original."""
-        return copy.deepcopy(self)
+        """A deep copy, safe to modify without touching the original.
+
+        >>> meta = StateMeta(origins={0: (41, 2)}, watermark={"o": {"0": [5, 1]}})
+        >>> twin = meta.copy(); twin.watermark["o"]["0"][0] = 9
+        >>> twin == meta, meta.watermark["o"]["0"][0], twin.origins[0]
+        (False, 5, (41, 2))
+        """
+        # Through pickle, not copy.deepcopy: the same copy (tuples stay tuples) in C,
+        # 5x faster. A keyed step copies the meta about eight times (every read of
+        # ``QueueStateStore.meta`` is a copy), which took 5 % of a WordCount step.
+        copied: StateMeta = pickle.loads(pickle.dumps(self, pickle.HIGHEST_PROTOCOL))
+        return copied
 
     def to_wire(self) -> dict[str, Any]:
         """The msgpack-friendly form stored in RocksDB and in changelog records."""

@@ -57,12 +57,21 @@ class StageOutputs:
         self.route_key: str | None = None
         self._seq = 0
         self._last_origin: tuple[str, ...] = ()
+        # Escaped once, not per output (the escaping was a tenth of emitting a result):
+        # each node's ``job/op`` and the current origin's parts.
+        self._prefixes: dict[str, str] = {}
+        self._origin_key = ""
 
     def emit(self, node: n.Node, value: Any, ts: int) -> None:
         """An output of the graph fed by ``origin`` (a source record or a result key)."""
         if self.origin != self._last_origin:
             self._last_origin, self._seq = self.origin, 0
-        key = message_key(self.ctx.job_id, node.op_id, *self.origin, str(self._seq))
+            self._origin_key = "".join(f"/{_key_part(part)}" for part in self.origin)
+        prefix = self._prefixes.get(node.op_id)
+        if prefix is None:
+            prefix = self._prefixes[node.op_id] = message_key(self.ctx.job_id, node.op_id)
+        # The same key as message_key(job, op, *origin, seq): a number needs no escaping.
+        key = f"{prefix}{self._origin_key}/{self._seq}"
         self._seq += 1
         if isinstance(node, n.Sink):
             # Checked here, not at the flush: a body the broker cannot take is
