@@ -26,9 +26,21 @@ With ``--repeat N`` each (mode, workload) runs N times, one line each (``run``:
 ``p99_ms_range`` (lowest, highest): on a 2-core machine one run's p99 can be
 twice another's, so a before -> after comparison wants several.
 
+With ``--against FIELD=VALUE`` (an ``EngineSettings`` field, the value as
+JSON or as text; repeatable) each run is a pair, the engine as configured and
+with those settings, in alternating order (so a machine that speeds up or
+slows down during the benchmark favours neither); each line carries
+``engine`` (``default`` or the settings), and the summary lines hold each
+side's medians and ``p99_ratio``, ``p50_ratio``: the other settings' median
+over the default's. On a shared 2-core machine a run's p99 moves by half
+from one run to the next: a change worth less than that shows only this
+way, over five pairs or more.
+
 Usage::
 
     python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
+    python benchmarks/latency.py --mode real-time --workload wordcount --rate 50000 \
+        --repeat 5 --against real_time_tasks=4 --json
     python benchmarks/latency.py --mode real-time --repeat 5 --json
     python benchmarks/latency.py --workload wordcount --workload wordcount-eos
     python benchmarks/latency.py --workload passthrough --workload passthrough-eos
@@ -169,6 +181,13 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per (mode, workload), then their medians"
     )
+    parser.add_argument(
+        "--against",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="also run the engine with this EngineSettings field set, alternating with "
+        "the default, run by run (repeatable: all of them in one variant)",
+    )
     parser.add_argument("--json", action="store_true", help="only the JSON lines")
     args = parser.parse_args()
     if args.repeat < 1:
@@ -180,11 +199,15 @@ def main() -> None:
     base = base.model_copy(
         update={"spark_conf": {"spark.ui.showConsoleProgress": "false", **base.spark_conf}}
     )
+    against = _against(parser, args.against or [])
     began = time.perf_counter()
     for mode in args.mode or MODES:
         engine = base.model_copy(update={"mode": mode})
         warm_spark(settings, engine, passthrough.build)
         for workload in args.workload or DEFAULT_WORKLOADS:
+            if against:
+                _compare(settings, engine, against, workload, args)
+                continue
             lines = []
             for run in range(1, args.repeat + 1):
                 line = measure(settings, engine, workload, args)
@@ -196,6 +219,68 @@ def main() -> None:
                 _report(summary(lines), args.json)
     if not args.json:
         print(f"(whole benchmark: {time.perf_counter() - began:.0f} s)", file=sys.stderr)
+
+
+def _against(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, Any]:
+    """``--against`` as settings to update, each value as JSON if it parses, else text;
+    a parser error naming what is wrong otherwise."""
+    update: dict[str, Any] = {}
+    for item in given:
+        field, sep, text = item.partition("=")
+        if not sep or field not in EngineSettings.model_fields:
+            parser.error(
+                f"--against {item!r}: give FIELD=VALUE with FIELD one of EngineSettings' "
+                f"fields ({', '.join(sorted(EngineSettings.model_fields))})"
+            )
+        try:
+            update[field] = json.loads(text)
+        except json.JSONDecodeError:
+            update[field] = text
+    if update:
+        try:
+            EngineSettings.model_validate({**EngineSettings().model_dump(), **update})
+        except ValueError as exc:
+            parser.error(f"--against: {exc}")
+    return update
+
+
+def _compare(
+    settings: RocketMQSettings,
+    engine: EngineSettings,
+    update: dict[str, Any],
+    workload: str,
+    args: argparse.Namespace,
+) -> None:
+    """``args.repeat`` pairs of runs, the default engine and ``engine`` with ``update``,
+    in alternating order; a line per run, then each side's medians and their ratios."""
+    name = " ".join(f"{k}={v}" for k, v in update.items())
+    other = engine.model_copy(update=update)
+    sides: dict[str, list[dict[str, Any]]] = {"default": [], name: []}
+    for run in range(1, args.repeat + 1):
+        order = [("default", engine), (name, other)]
+        for label, chosen in order if run % 2 else order[::-1]:
+            line = {**measure(settings, chosen, workload, args), "engine": label, "run": run}
+            sides[label].append(line)
+            _report(line, args.json)
+    medians = {label: summary(lines) for label, lines in sides.items()}
+    for label, line in medians.items():
+        _report({**line, "engine": label}, args.json)
+    base, changed = medians["default"], medians[name]
+    ratios = {
+        "mode": engine.mode,
+        "workload": workload,
+        "engine": name,
+        "runs": args.repeat,
+        "p50_ratio": round(changed["p50_ms"] / max(base["p50_ms"], 1e-9), 3),
+        "p99_ratio": round(changed["p99_ms"] / max(base["p99_ms"], 1e-9), 3),
+    }
+    print(json.dumps(ratios), flush=True)
+    if not args.json:
+        print(
+            f"  {name} against the default: p50 x{ratios['p50_ratio']}, "
+            f"p99 x{ratios['p99_ratio']} (medians of {args.repeat} runs each)",
+            file=sys.stderr,
+        )
 
 
 def _report(line: dict[str, Any], quiet: bool) -> None:
