@@ -116,7 +116,7 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=s
 
 
 def json_serializer(value: Any) -> bytes:
-    """Compact JSON (non-ASCII kept as UTF-8).
+    r"""Compact JSON (non-ASCII kept as UTF-8).
 
     >>> json_serializer({"key": "café", "count": 3})
     b'{"key":"caf\xc3\xa9","count":3}'
