@@ -40,7 +40,7 @@ Usage::
 
     python benchmarks/latency.py [--mode real-time] [--workload wordcount] [--json]
     python benchmarks/latency.py --mode real-time --workload wordcount --rate 50000 \
-        --repeat 5 --against real_time_tasks=4 --json
+        --repeat 5 --against shuffle_queues=4 --json
     python benchmarks/latency.py --mode real-time --repeat 5 --json
     python benchmarks/latency.py --workload wordcount --workload wordcount-eos
     python benchmarks/latency.py --workload passthrough --workload passthrough-eos
@@ -221,16 +221,33 @@ def main() -> None:
         print(f"(whole benchmark: {time.perf_counter() - began:.0f} s)", file=sys.stderr)
 
 
+#: Settings that shape the SparkSession, which a benchmark process starts once: an
+#: instance of the other settings would run on the same session, the setting unused.
+_SESSION_FIELDS = (
+    "spark_master",
+    "spark_conf",
+    "driver_memory",
+    "jvm_class_archive",
+    "worker_preconnect",
+)
+
+
 def _against(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, Any]:
     """``--against`` as settings to update, each value as JSON if it parses, else text;
     a parser error naming what is wrong otherwise."""
     update: dict[str, Any] = {}
     for item in given:
         field, sep, text = item.partition("=")
-        if not sep or field not in EngineSettings.model_fields:
+        comparable = sorted(set(EngineSettings.model_fields) - {*_SESSION_FIELDS, "mode"})
+        if field in _SESSION_FIELDS or field == "mode":
             parser.error(
-                f"--against {item!r}: give FIELD=VALUE with FIELD one of EngineSettings' "
-                f"fields ({', '.join(sorted(EngineSettings.model_fields))})"
+                f"--against {item!r}: {field} is fixed for the whole benchmark process "
+                f"({'--mode chooses it' if field == 'mode' else 'it shapes the SparkSession'}); "
+                f"compare it with two runs of this benchmark instead"
+            )
+        if not sep or field not in comparable:
+            parser.error(
+                f"--against {item!r}: give FIELD=VALUE with FIELD one of {', '.join(comparable)}"
             )
         try:
             update[field] = json.loads(text)
