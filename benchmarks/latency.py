@@ -236,9 +236,9 @@ def _against(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, Any
     """``--against`` as settings to update, each value as JSON if it parses, else text;
     a parser error naming what is wrong otherwise."""
     update: dict[str, Any] = {}
+    comparable = sorted(set(EngineSettings.model_fields) - {*_SESSION_FIELDS, "mode"})
     for item in given:
         field, sep, text = item.partition("=")
-        comparable = sorted(set(EngineSettings.model_fields) - {*_SESSION_FIELDS, "mode"})
         if field in _SESSION_FIELDS or field == "mode":
             parser.error(
                 f"--against {item!r}: {field} is fixed for the whole benchmark process "

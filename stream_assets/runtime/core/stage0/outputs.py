@@ -66,7 +66,7 @@ class StageOutputs:
         """An output of the graph fed by ``origin`` (a source record or a result key)."""
         if self.origin != self._last_origin:
             self._last_origin, self._seq = self.origin, 0
-            self._origin_key = "".join(f"/{_key_part(part)}" for part in self.origin)
+            self._origin_key = f"/{message_key(*self.origin)}" if self.origin else ""
         prefix = self._prefixes.get(node.op_id)
         if prefix is None:
             prefix = self._prefixes[node.op_id] = message_key(self.ctx.job_id, node.op_id)
