@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
@@ -92,26 +93,49 @@ def run_roundtrip(
 
     with RocketMQAdmin(settings) as admin:
         admin.create_topic(topic, queues)
-        with Producer(settings, admin) as producer:
-            start = time.perf_counter()
-            for i in range(messages):
-                producer.send(topic, body(i), key=keys[i])
-            produce_s = time.perf_counter() - start
-        reader = QueueReader(admin, group=f"{topic}-reader")
-        received = mismatches = misrouted = 0
-        start = time.perf_counter()
         try:
-            for queue in admin.queues(topic):
-                for record in reader.read(queue, 0):
-                    received += 1
-                    i = int.from_bytes(record.body[2:6], "big")
-                    if i >= messages or record.body != body(i):
-                        mismatches += 1
-                    elif queue_for_key(keys[i], queues) != record.queue_id:
-                        misrouted += 1
+            return _send_and_read(admin, settings, topic, queues, messages, keys, body)
         finally:
-            reader.close()
-        consume_s = time.perf_counter() - start
+            # A fresh topic per run, deleted after it: a scheduled check would
+            # otherwise leave a topic and a group behind each time it runs.
+            admin.delete_group(_reader_group(topic))
+            admin.delete_topic(topic)
+
+
+def _reader_group(topic: str) -> str:
+    return f"{topic}-reader"
+
+
+def _send_and_read(
+    admin: RocketMQAdmin,
+    settings: RocketMQSettings,
+    topic: str,
+    queues: int,
+    messages: int,
+    keys: list[str],
+    body: Callable[[int], bytes],
+) -> RoundtripReport:
+    """Send the messages to ``topic`` and read them back, counting what differs."""
+    with Producer(settings, admin) as producer:
+        start = time.perf_counter()
+        for i in range(messages):
+            producer.send(topic, body(i), key=keys[i])
+        produce_s = time.perf_counter() - start
+    reader = QueueReader(admin, group=_reader_group(topic))
+    received = mismatches = misrouted = 0
+    start = time.perf_counter()
+    try:
+        for queue in admin.queues(topic):
+            for record in reader.read(queue, 0):
+                received += 1
+                i = int.from_bytes(record.body[2:6], "big")
+                if i >= messages or record.body != body(i):
+                    mismatches += 1
+                elif queue_for_key(keys[i], queues) != record.queue_id:
+                    misrouted += 1
+    finally:
+        reader.close()
+    consume_s = time.perf_counter() - start
     return RoundtripReport(
-        topic, queues, messages, received, mismatches, misrouted, body_bytes, produce_s, consume_s
+        topic, queues, messages, received, mismatches, misrouted, len(body(0)), produce_s, consume_s
     )

@@ -47,6 +47,7 @@ from stream_assets.rocketmq.errors import SendError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.layout import TopicLayout, current_layout
 from stream_assets.rocketmq.reader import QueueReader
+from stream_assets.roundtrip import run_roundtrip
 from stream_assets.runtime.core.shuffle_codec import encode_key
 from stream_assets.runtime.spark.instance import Instance
 from stream_assets.serde import text_deserializer, text_serializer
@@ -852,3 +853,16 @@ def test_processors_on_two_workers_over_two_broker_groups_under_load_with_a_work
         f"+{int(totals['2']['catch_ups'])}; driver up in {started_s:.1f} s, "
         f"{time.monotonic() - began:.1f} s in all"
     )
+
+
+def test_a_round_trip_over_two_broker_groups_leaves_no_topic_or_group_behind(
+    cluster_settings: RocketMQSettings, cluster_admin: RocketMQAdmin
+) -> None:
+    """The round-trip check makes a topic and a reader group on every node (slaves
+    too) each time it runs, and deletes both: a scheduled check must not pile them
+    up on the brokers."""
+    report = run_roundtrip(400, 8, settings=cluster_settings)
+    assert report.ok, report.describe()
+    assert report.topic not in cluster_admin.topic_names()
+    assert not [g for g in cluster_admin.group_names() if g.startswith(report.topic)]
+    assert not cluster_admin.topic_exists(report.topic)
