@@ -13,16 +13,20 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from stream_assets.rocketmq.admin import RocketMQAdmin
+from stream_assets.rocketmq.errors import RocketMQError
 from stream_assets.rocketmq.hashing import queue_for_key
 from stream_assets.rocketmq.producer import Producer
 from stream_assets.rocketmq.reader import QueueReader
 from stream_assets.settings import RocketMQSettings
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,28 @@ def run_roundtrip(
         try:
             return _send_and_read(admin, settings, topic, queues, messages, keys, body)
         finally:
-            # A fresh topic per run, deleted after it: a scheduled check would
-            # otherwise leave a topic and a group behind each time it runs.
-            admin.delete_group(_reader_group(topic))
-            admin.delete_topic(topic)
+            _delete_scratch(admin, topic)
+
+
+def _delete_scratch(admin: RocketMQAdmin, topic: str) -> None:
+    """Delete the run's topic and reader group; a failure is a warning, not the verdict.
+
+    A fresh topic per run, deleted after it: a scheduled check would otherwise
+    leave a topic and a group behind each time it runs. The round trip's own
+    result (or error) is what the caller asked for, so a broker that cannot
+    delete them now only gets them named, for deleting by hand.
+    """
+    try:
+        admin.delete_group(_reader_group(topic))
+        admin.delete_topic(topic)
+    except RocketMQError as exc:
+        _log.warning(
+            "round trip: could not delete its topic %s and group %s (%s); delete them with "
+            "mqadmin deleteTopic / deleteSubGroup once the brokers answer",
+            topic,
+            _reader_group(topic),
+            exc,
+        )
 
 
 def _reader_group(topic: str) -> str:
