@@ -19,7 +19,10 @@ Prints one JSON object per (mode, workload) with at least ``mode``,
 ``workload``, ``p50_ms``, ``p99_ms``, ``sent_per_s`` (what the producer
 achieved) and ``engine_per_s`` (what the engine committed over the same
 run: below ``sent_per_s``, it did not keep up). Targets (issue 30): p99 <=
-100 ms passthrough, <= 250 ms wordcount, on the idle machine.
+100 ms passthrough, <= 250 ms wordcount, on the idle machine. A wordcount
+line also splits a marker's latency by stage: ``stage0_p50_ms`` /
+``stage0_p99_ms`` from its send to the first shuffle message holding its
+word, ``keyed_p50_ms`` / ``keyed_p99_ms`` from there to its count in the sink.
 
 With ``--repeat N`` each (mode, workload) runs N times, one line each (``run``:
 1..N), then a line with ``"runs": N`` holding the median of each figure and
@@ -122,6 +125,7 @@ def measure(
         "target_per_s": round(rate, 1),
         "caught_up_after_last_send_s": round(lat["latency_drain_s"], 2),
         "samples": int(lat["latency_samples"]),
+        **{k: round(lat[f"latency_{k}"], 1) for k in _HALVES if f"latency_{k}" in lat},
     }
 
 
@@ -137,6 +141,9 @@ _FIGURES = (
     "target_per_s",
     "caught_up_after_last_send_s",
 )
+#: WordCount's figures per stage (``wordcount.stage_halves``): sent -> in a shuffle
+#: message, and shuffle message -> count in the sink; medians where every run has them.
+_HALVES = ("stage0_p50_ms", "stage0_p99_ms", "keyed_p50_ms", "keyed_p99_ms")
 
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -154,6 +161,11 @@ def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
         "workload": lines[0]["workload"],
         "runs": len(lines),
         **{k: statistics.median(line[k] for line in lines) for k in _FIGURES},
+        **{
+            k: statistics.median(line[k] for line in lines)
+            for k in _HALVES
+            if all(k in line for line in lines)
+        },
         "p99_ms_range": [min(p99s), max(p99s)],
     }
 

@@ -62,6 +62,7 @@ from benchmarks._engine import (
     knobs,
     latency_summary,
     latency_text,
+    percentiles,
     read_all,
     run_instance,
     run_live,
@@ -70,6 +71,7 @@ from benchmarks._engine import (
 )
 from benchmarks.limits import consume, produce_batched, spark_sql_wordcount, wordcount_bodies
 from stream_assets.examples import wordcount, wordcount_arrow
+from stream_assets.runtime.core.shuffle_codec import decode
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
 MARKER = "marker"
@@ -140,8 +142,9 @@ def latency(
     count = max(100, int(msgs_per_s * args.latency_seconds))
     bodies = marked(wordcount_bodies(count * args.lines_per_message, args.lines_per_message, 9))
     job = unique("bench-wc-lat")
+    topology = wordcount.build(job, f"{job}-in", f"{job}-out", exactly_once)
     run, sent = run_live(
-        wordcount.build(job, f"{job}-in", f"{job}-out", exactly_once),
+        topology,
         settings,
         engine,
         bodies,
@@ -158,12 +161,51 @@ def latency(
     if len(first_seen) != count:
         print(f"warning: {len(first_seen)} of {count} markers counted", file=sys.stderr)
     samples = [(sent.born_ms[i], float(first_seen[i] - sent.born_ms[i])) for i in first_seen]
+    shuffled = marker_shuffle_times(settings, topology.stages[1].input_topic)
     return {
         "latency_target_lines_per_s": lines_per_s,
         "latency_sent_lines_per_s": sent.msgs_per_s * args.lines_per_message,
         "latency_engine_lines_per_s": run.records_per_s,
         "latency_drain_s": run.seconds - sent.seconds,
         **latency_summary(samples, args.latency_warmup_s),
+        **stage_halves(sent.born_ms, shuffled, first_seen),
+    }
+
+
+def marker_shuffle_times(settings: RocketMQSettings, topic: str) -> dict[int, int]:
+    """By marker index, the store time of the first shuffle message that holds its word."""
+    first: dict[int, int] = {}
+    for r in read_all(settings, topic):
+        body = decode(r.body)
+        for entry in body.get("comb") or body.get("recs") or ():
+            key = entry[0]
+            if isinstance(key, str) and key.startswith(MARKER):
+                i = int(key[len(MARKER) :])
+                first[i] = min(first.get(i, r.store_timestamp), r.store_timestamp)
+    return first
+
+
+def stage_halves(
+    born_ms: list[int], shuffled: dict[int, int], counted: dict[int, int]
+) -> dict[str, float]:
+    """p50/p99 of each half of a marker's latency: sent -> stored in a shuffle message
+    (stage 0: its wait for a step, the step, the send), and shuffle message -> its count
+    stored in the sink (the keyed stage's). Where a record's time goes, by stage.
+
+    >>> halves = stage_halves([0, 0, 0], {0: 10, 1: 20, 2: 30}, {0: 15, 1: 40, 2: 90})
+    >>> halves["latency_stage0_p50_ms"], halves["latency_keyed_p99_ms"]
+    (20.0, 59.2)
+    """
+    both = [i for i in counted if i in shuffled]
+    if len(both) < 2:
+        return {}
+    stage0 = percentiles([float(shuffled[i] - born_ms[i]) for i in both])
+    keyed = percentiles([float(counted[i] - shuffled[i]) for i in both])
+    return {
+        "latency_stage0_p50_ms": stage0[0],
+        "latency_stage0_p99_ms": stage0[1],
+        "latency_keyed_p50_ms": keyed[0],
+        "latency_keyed_p99_ms": keyed[1],
     }
 
 

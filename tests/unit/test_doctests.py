@@ -1,4 +1,5 @@
-"""Every docstring example of the engine, Dagster resources and jobs runs, and holds.
+"""Every docstring example of the engine, Dagster resources and jobs, and the
+benchmarks' helpers runs, and holds.
 
 Examples marked ``# doctest: +SKIP`` need a broker or Spark; everything else is
 executed here, so a docstring cannot drift from the code it shows.
@@ -13,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+import benchmarks
 import stream_assets
 
 
@@ -22,6 +24,8 @@ def _modules() -> list[str]:
     # folders) are walked as subpackages.
     names.append(stream_assets.__name__)
     names.extend(m.name for m in pkgutil.walk_packages(stream_assets.__path__, "stream_assets."))
+    # The figures a benchmark prints come from these helpers (percentiles, medians).
+    names.extend(m.name for m in pkgutil.walk_packages(benchmarks.__path__, "benchmarks."))
     return sorted(names)
 
 
