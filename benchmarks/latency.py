@@ -160,10 +160,9 @@ def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
         "mode": lines[0]["mode"],
         "workload": lines[0]["workload"],
         "runs": len(lines),
-        **{k: statistics.median(line[k] for line in lines) for k in _FIGURES},
         **{
             k: statistics.median(line[k] for line in lines)
-            for k in _HALVES
+            for k in (*_FIGURES, *_HALVES)
             if all(k in line for line in lines)
         },
         "p99_ms_range": [min(p99s), max(p99s)],

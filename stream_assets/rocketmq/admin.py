@@ -416,12 +416,9 @@ class RocketMQAdmin:
             False
         """
         validate_topic_name(topic)
-        for name, ids in self.cluster_brokers(cluster).items():
-            for broker_id, addr in sorted(ids.items()):
-                reply = self._pool.get(addr, f"broker {name}").call(
-                    RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}
-                )
-                self._check(reply, f"delete topic {topic!r} on broker {name} (id {broker_id})")
+        self._on_every_node(
+            cluster, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": topic}, f"delete topic {topic!r}"
+        )
         for addr in self.settings.namesrv_addrs:
             reply = self._pool.get(addr, "name server").call(
                 RequestCode.DELETE_TOPIC_IN_NAMESRV, {"topic": topic}
@@ -446,13 +443,21 @@ class RocketMQAdmin:
         A group that does not exist is no error; as with :meth:`delete_topic`,
         for what a check or a benchmark made for itself.
         """
+        self._on_every_node(
+            cluster,
+            RequestCode.DELETE_SUBSCRIPTIONGROUP,
+            {"groupName": group, "cleanOffset": "true"},
+            f"delete group {group!r}",
+        )
+
+    def _on_every_node(
+        self, cluster: str | None, code: int, fields: dict[str, str], what: str
+    ) -> None:
+        """Send one request to every broker node, slaves included, checking each reply."""
         for name, ids in self.cluster_brokers(cluster).items():
             for broker_id, addr in sorted(ids.items()):
-                reply = self._pool.get(addr, f"broker {name}").call(
-                    RequestCode.DELETE_SUBSCRIPTIONGROUP,
-                    {"groupName": group, "cleanOffset": "true"},
-                )
-                self._check(reply, f"delete group {group!r} on broker {name} (id {broker_id})")
+                reply = self._pool.get(addr, f"broker {name}").call(code, fields)
+                self._check(reply, f"{what} on broker {name} (id {broker_id})")
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """The topic's readable queues."""
