@@ -188,6 +188,9 @@ class Composite(Accumulator):
         return [part.merge(x, y) for (_, part), x, y in zip(self.parts, a, b, strict=True)]
 
     def result(self, acc: list[Any]) -> dict[str, Any]:
+        if len(acc) == 1 == len(self.parts):  # one result per changed key: as in add
+            alias, part = self.parts[0]
+            return {alias: part.result(acc[0])}
         return {alias: part.result(a) for (alias, part), a in zip(self.parts, acc, strict=True)}
 
 

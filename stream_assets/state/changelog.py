@@ -213,7 +213,7 @@ def commit_with_changelog(
         >>> changes = {b"k": b"v", b"gone": None}  # doctest: +SKIP
         >>> meta = commit_with_changelog(store, changes, meta, writer)  # doctest: +SKIP
     """
-    current = store.meta
+    current = store.committed
     if meta.seq != current.seq + 1:
         # Checked before anything is sent: a bad seq must never reach the topic.
         raise StateSequenceError(

@@ -193,6 +193,17 @@ class QueueStateStore:
         self._opened()
         return self._meta.copy()
 
+    @property
+    def committed(self) -> StateMeta:
+        """The committed meta itself, to read only: :attr:`meta` without its copy, which
+        a keyed step's half-dozen reads paid for (3 % of a WordCount step).
+
+        >>> store.committed.generation  # doctest: +SKIP
+        4
+        """
+        self._opened()
+        return self._meta
+
     def next_meta(self) -> StateMeta:
         """A copy of the committed meta with ``seq`` advanced: what the next commit takes."""
         meta = self.meta

@@ -788,6 +788,42 @@ def test_a_sink_body_the_broker_cannot_take_is_that_records_dead_letter() -> Non
     assert "MessageTooLarge" in reasons["huge"]["reason"]
 
 
+def test_results_straight_to_sinks_fail_alone_naming_the_sink(capsys: Any) -> None:
+    """An aggregate whose results go straight to a sink and a print (no operator between:
+    OperatorGraph hands them over without its walk): a result the sink's serializer
+    refuses is a dead letter naming the sink, and every other result reaches both."""
+    words = [random.Random(3).choice(["ok", "no", "fine", "bad"]) for _ in range(40)]
+
+    def serialize(result: dict[str, Any]) -> bytes:
+        if result["key"] in ("no", "bad"):
+            raise ValueError(f"refused {result['key']}")
+        return json.dumps(result).encode()
+
+    builder = StreamBuilder("direct")
+    counted = builder.source("in", text_deserializer).key_by(str).count().to_rstream()
+    counted.sink("out", serialize)
+    counted.print()
+    topology = builder.build()
+    with TopologyTestDriver(topology, source_queues=1, shuffle_queues=1) as driver:
+        driver.pipe_many(words)
+        driver.advance()
+        sent = {json.loads(b)["key"]: json.loads(b)["count"] for b in driver.outputs("out")}
+        letters = driver.dead_letters()
+    expected = Counter(words)
+    assert sent == {w: c for w, c in expected.items() if w not in ("no", "bad")}
+    sink_op = next(op for op, node in topology.stages[1].nodes.items() if op.startswith("sink"))
+    assert sorted(json.loads(body)["key"] for body, _ in letters) == sorted(
+        w for w in expected if w in ("no", "bad")
+    )
+    assert {props["operator"] for _, props in letters} == {sink_op}
+    assert all("ValueError: refused" in props["reason"] for _, props in letters)
+    printed = capsys.readouterr().out
+    # The print comes after the sink: a result the sink refused never reached it.
+    assert sorted(printed.split("\n")[:-1]) == sorted(
+        str({"key": w, "count": c}) for w, c in expected.items() if w not in ("no", "bad")
+    )
+
+
 @pytest.mark.parametrize("restore", [False, True])
 def test_a_keyed_stage_sends_its_committed_outbox_after_a_crash(
     monkeypatch: pytest.MonkeyPatch, restore: bool

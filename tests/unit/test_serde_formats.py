@@ -35,6 +35,7 @@ from stream_assets.serde import (
     avro_deserializer,
     avro_serializer,
     json_deserializer,
+    json_serializer,
     protobuf_deserializer,
     protobuf_serializer,
 )
@@ -491,3 +492,33 @@ def test_the_serde_package_imports_its_format_libraries_only_when_used() -> None
     )
     assert done.stdout.split("\n")[0] == "[] ['fastavro', 'google.protobuf.json_format']"
     assert isinstance(avro_deserializer("long"), AvroDeserializer)
+
+
+def test_json_bodies_are_the_standard_encoders_bytes_and_errors() -> None:
+    """``json_serializer`` runs the C encoder directly: for every kind of value it gives
+    what ``json.dumps`` with the same options gives, and fails where it fails."""
+    circular: list[Any] = []
+    circular.append(circular)
+    values: list[Any] = [
+        {"key": "café", "count": 3},
+        {"key": ("eu", 7), "sum": 2.5, "none": None, "ok": True},
+        'text\n"quoted"',
+        [1, {"a": [float("nan"), float("inf")]}],
+        {1: "int key", 2.5: "float key", None: "null key"},
+        {"set": {1}, "bytes": b"x"},  # not JSON: str() of it, as default=str says
+        10**30,
+        circular,
+        {("tuple",): "a key JSON has not"},
+    ]
+    for value in values:
+        try:
+            expected: Any = json.dumps(
+                value, separators=(",", ":"), ensure_ascii=False, default=str
+            ).encode()
+        except (TypeError, ValueError) as exc:
+            expected = (type(exc), str(exc))
+        try:
+            got: Any = json_serializer(value)
+        except (TypeError, ValueError) as exc:
+            got = (type(exc), str(exc))
+        assert got == expected, value

@@ -74,6 +74,23 @@ def test_commit_writes_values_and_meta_together_and_survives_reopen(tmp_path: Pa
         assert store.get(b"empty") == b""  # an empty value is a value, not a delete
 
 
+def test_committed_is_the_commit_and_the_caller_meta_never_reaches_it(tmp_path: Path) -> None:
+    """``committed`` reads without a copy; what a caller keeps changing after a commit
+    (its meta, a copy from ``meta``) never changes what the store committed."""
+    with _store(tmp_path) as store:
+        meta = store.next_meta()
+        meta.origins = {0: (5, 1)}
+        meta.extra = {"closed": 10}
+        store.commit({b"k": b"v"}, meta)
+        meta.origins[0] = (99, 0)
+        meta.extra["closed"] = 99
+        copy = store.meta
+        copy.extra["closed"] = 77
+        assert store.committed.origins == {0: (5, 1)}
+        assert store.committed.extra == {"closed": 10}
+        assert store.committed.seq == 1 and store.committed == store.meta
+
+
 def test_seq_increments_by_one_and_stale_meta_writes_nothing(tmp_path: Path) -> None:
     with _store(tmp_path) as store:
         for expected in range(1, 6):

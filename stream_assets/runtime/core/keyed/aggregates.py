@@ -14,12 +14,14 @@ version per window and key; ``"final"`` in the value tells which one closed it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from stream_assets.operators.joins import join_pairs
 from stream_assets.plan import nodes as n
 from stream_assets.runtime.core.keyed.batch_state import BatchState
 from stream_assets.runtime.core.keyed.logic import KeyedBatch, KeyedLogic
+from stream_assets.runtime.core.keyed.partials import FAILED, MergedSlot
 from stream_assets.runtime.core.keyed.results import (
     Expired,
     Finish,
@@ -65,6 +67,33 @@ class PlainAggregate(KeyedLogic):
         _fold_acc(batch.state, self.acc_def, skey, partial, value)
         self._changed[key_bytes] = max(self._changed.get(key_bytes, ts), ts)
         self._expired.pop(key_bytes, None)  # started over: its update replaces the deletion
+
+    def fold_merged(self, batch: KeyedBatch, slots: Iterable[MergedSlot]) -> list[MergedSlot]:
+        """Fold each key's merged partials (no window, no TTL: nothing is late, nothing
+        expires, no timer is due between them); the slots whose merge or fold failed,
+        which changed nothing, for the caller to fold part by part.
+
+        :meth:`fold` for a whole step's keys in one loop: its calls per key were a
+        tenth of a WordCount result's cost.
+        """
+        state, acc_def, changed, expired = batch.state, self.acc_def, self._changed, self._expired
+        get, put, merge, plain = state.get, state.put, acc_def.merge, lay.PLAIN
+        failed: list[MergedSlot] = []
+        for slot in slots:
+            key, merged, ts = slot[0], slot[1], slot[2]
+            if merged is FAILED or merged is None:  # None: fold adds, not merges
+                failed.append(slot)
+                continue
+            try:
+                key_bytes = encode_key(key)
+                acc = get(plain + key_bytes)
+                put(plain + key_bytes, merge(acc_def.zero() if acc is None else acc, merged))
+            except Exception:  # put packs first: a value it refuses changed nothing
+                failed.append(slot)
+                continue
+            changed[key_bytes] = max(changed.get(key_bytes, ts), ts)
+            expired.pop(key_bytes, None)
+        return failed
 
     def fire(self, batch: KeyedBatch, fire_to: int | None, fire_all: bool) -> int | None:
         """Nothing fires by time: updates wait for expiry (:meth:`after_expiry`)."""

@@ -46,6 +46,7 @@ from typing import Any
 from stream_assets.rocketmq.records import Record
 from stream_assets.runtime.core.context import StageContext, TaskStats
 from stream_assets.runtime.core.keyed import emit, ttl
+from stream_assets.runtime.core.keyed.aggregates import PlainAggregate
 from stream_assets.runtime.core.keyed.batch_state import BatchState
 from stream_assets.runtime.core.keyed.logic import KeyedBatch
 from stream_assets.runtime.core.keyed.logics import logic_for
@@ -67,11 +68,11 @@ from stream_assets.windows import WatermarkTracker, Window, later, window_closed
 
 def check_owner(ctx: StageContext, store: QueueStateStore) -> None:
     """Raise :class:`FencedError` if a newer generation committed this queue's state."""
-    owner = store.meta.generation
+    owner = store.committed.generation
     if owner > ctx.generation:
         raise FencedError(
             f"{ctx.stage.input_topic}[{store.queue_id}] belongs to generation {owner} "
-            f"({store.meta.writer or 'unknown writer'}); this instance is generation "
+            f"({store.committed.writer or 'unknown writer'}); this instance is generation "
             f"{ctx.generation} and must not commit for it: it should stop"
         )
 
@@ -312,7 +313,10 @@ class _QueueBatch:
         so its parts go one by one, each its own dead letter if it fails alone."""
         if not self.partials:
             return
-        for key, merged, ts, count, parts in self.partials.drain():
+        slots = self.partials.drain()
+        if isinstance(self.logic, PlainAggregate):  # always, where partials merge
+            slots = iter(self.logic.fold_merged(self.batch, slots))
+        for key, merged, ts, count, parts in slots:
             if merged is not FAILED:
                 try:
                     self._fold(key, None, merged, count, None, ts, parts[-1][3], None)
@@ -438,16 +442,17 @@ class _QueueBatch:
         if self.closed_floor is not None:
             meta.extra["closed"] = self.closed_floor
         self.stats.watermark = -1 if watermark is None else watermark
-        claim = store.meta.generation != ctx.generation or store.meta.writer != ctx.writer
+        committed = store.committed
+        claim = committed.generation != ctx.generation or committed.writer != ctx.writer
         meta.generation, meta.writer = ctx.generation, ctx.writer
         changes = self.batch.state.changes
-        write_id = record_step(meta, self.sinks, store.meta.log_end or 0)
+        write_id = record_step(meta, self.sinks, committed.log_end or 0)
         self.committed = bool(
             changes
             or self.got_input
             or claim
-            or meta.extra.get("closed") != store.meta.extra.get("closed")
-            or meta.extra.get("early_period") != store.meta.extra.get("early_period")
+            or meta.extra.get("closed") != committed.extra.get("closed")
+            or meta.extra.get("early_period") != committed.extra.get("early_period")
         )
         if self.committed:
             # A new owner commits even an empty batch: its generation in the state

@@ -93,7 +93,7 @@ def resend_outbox(
     if raw is None:
         return
     seq, entries, *progress = unpack(raw)  # no progress: written before it travelled
-    if store.meta.extra.get("outbox_sent") != seq:
+    if store.committed.extra.get("outbox_sent") != seq:
         carried = progress[0] if progress else None
         send_outbox(ctx, queue_id, store, seq, entries, carried, sender, stats)
 
@@ -122,7 +122,7 @@ def send_outbox(
     out.progress = progress
     out.send_all(seq)
     sender.flush()
-    meta = store.meta.copy()
+    meta = store.meta
     meta.extra["outbox_sent"] = seq
     store.update_meta(meta)
 

@@ -37,6 +37,9 @@ from stream_assets.runtime.core.shuffle_codec import encode_key
 
 #: One partial as it came: (partial, its latest event time, records, where, message).
 Part = tuple[Any, int, int, str, Record | None]
+#: One key's partials of a step: (key, merged partial or :data:`FAILED`, latest event
+#: time, records, parts).
+MergedSlot = tuple[Any, Any, int, int, list[Part]]
 
 
 def partials_for(head: n.Stateful) -> Partials | None:
@@ -81,7 +84,7 @@ class Partials:
         slot[2] = max(slot[2], ts)
         slot[3] += count
 
-    def drain(self) -> Iterator[tuple[Any, Any, int, int, list[Part]]]:
+    def drain(self) -> Iterator[MergedSlot]:
         """(key, merged partial or :data:`FAILED`, latest event time, records, parts) per
         key in the order keys arrived; empties the step's partials."""
         slots, self._by_key = self._by_key, {}

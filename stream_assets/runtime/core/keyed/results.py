@@ -21,10 +21,13 @@ from stream_assets.windows import Window
 Result = tuple[tuple[str, ...], Any, int, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Finish:
     """An aggregate's result still to compute, at emit: its accumulator's ``result``
-    may be the user's code, and a failure there is that result's dead letter."""
+    may be the user's code, and a failure there is that result's dead letter.
+
+    Not frozen: one is made per result, and a frozen dataclass's ``__init__`` cost
+    four times as much; nothing changes one after it is made."""
 
     head: n.Aggregate
     key: Any

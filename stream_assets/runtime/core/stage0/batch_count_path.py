@@ -131,7 +131,7 @@ class BatchCountPath:
         groups = table.group_by("v").aggregate([("ts", "count"), ("ts", "max")])
         distinct = groups["v"].to_pylist()
         keys = list(map(self._key_fn, distinct))
-        width = utf8_width(keys)
+        width, _chars = utf8_width(keys)
         longest_value = pc.max(pc.binary_length(values)).as_py()
         if not width or max(map(len, keys)) * width + longest_value > self._room:
             return None

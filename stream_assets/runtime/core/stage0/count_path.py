@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from stream_assets.plan import nodes as n
@@ -101,18 +102,22 @@ class CountPath:
             keys = list(map(key_fn, values))
         except Exception as exc:
             raise UserFunctionError(self._shuffle.exits[0].key_by.op_id, exc) from exc
-        key_width = utf8_width(keys)
-        value_width = utf8_width(values) if key_width else 0
+        key_width, key_chars = utf8_width(keys)
+        value_width, value_chars = utf8_width(values) if key_width else (0, 0)
         if not value_width:
             return values
-        longest = max(map(len, keys)) + max(map(len, values))
+        # The record's characters bound its longest entry's, and nearly always fit:
+        # the exact longest (two passes over the record) only when they do not.
+        longest = key_chars + value_chars
         if longest * max(key_width, value_width) > self._room:
-            return values
+            longest = max(map(len, keys)) + max(map(len, values))
+            if longest * max(key_width, value_width) > self._room:
+                return values
         self.counts.update(keys)
         if ts >= self._top:
             # Later than every record so far: the latest of each of its keys.
             self._top = ts
-            self.latest.update(dict.fromkeys(keys, ts))
+            self.latest.update(zip(keys, repeat(ts)))
         else:
             latest = self.latest
             for key in keys:
@@ -167,20 +172,24 @@ def merge_counts(shuffle: ShuffleOut, counts: Mapping[str, int], latest: Mapping
         records[target] += count
 
 
-def utf8_width(items: list[Any]) -> int:
+def utf8_width(items: list[Any]) -> tuple[int, int]:
     """Most UTF-8 bytes per character if every item is exactly a ``str`` that UTF-8 can
-    encode (no lone surrogate), which msgpack then packs whatever it holds; else 0.
-    In C but for the calls."""
+    encode (no lone surrogate), which msgpack then packs whatever it holds, else 0;
+    and the items' characters in all. In C but for the calls.
+
+    >>> utf8_width(["to", "be"]), utf8_width(["café"]), utf8_width(["a", 1])
+    ((1, 4), (4, 4), (0, 0))
+    """
     if {*map(type, items)} != {str}:
-        return 0
+        return 0, 0
     joined = "".join(items)
     if joined.isascii():
-        return 1
+        return 1, len(joined)
     try:
         joined.encode()
     except UnicodeEncodeError:
-        return 0
-    return _UTF8_MAX
+        return 0, 0
+    return _UTF8_MAX, len(joined)
 
 
 def _compile(ops: list[n.Map | n.FlatMap | n.Filter]) -> Chain:
