@@ -222,10 +222,12 @@ class EngineSettings(BaseSettings):
         "highest throughput of an unkeyed exactly-once sink.",
     )
     interval_ms: int = Field(
-        default=30_000,
+        default=300_000,
         gt=0,
         description="Real-time mode: how long one Spark job of long-running tasks lasts (a "
-        "checkpoint interval, not a unit of latency); a stop or rebalance ends it early.",
+        "checkpoint interval, not a unit of latency); a stop, a rebalance, a change in the "
+        "application's task slots or a failed task ends it early. Each end pauses every "
+        "queue for a few hundred ms while the next job starts (docs/engine.md).",
     )
     step_max_records: int = Field(
         default=2_000,

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
 from typing import Any
 
 from stream_assets.rocketmq.layout import TopicLayout
 from stream_assets.runtime.drive.outage import FAIL_AT_ONCE
 from stream_assets.runtime.drive.planning import StageOptions, position_key
-from stream_assets.runtime.spark.real_time import RealTimeQuery, RealTimeSetup, _Sharing, task_share
+from stream_assets.runtime.spark.real_time import (
+    RealTimeQuery,
+    RealTimeSetup,
+    _Sharing,
+    task_share,
+    task_slots,
+    watch_interval,
+)
 
 
 class _Server:
@@ -100,3 +109,79 @@ def test_queries_of_one_application_share_its_slots_and_redeal_as_they_come_and_
     sharing.leave(1, b)  # type: ignore[arg-type]  # twice: once only
     assert (a.redeals, b.redeals, c.redeals, elsewhere.redeals) == (3, 1, 1, 0)
     assert task_share(slots=2, queries=sharing.count(1)) == (1, False)
+
+
+def test_an_interval_ends_early_once_when_the_task_slots_change() -> None:
+    """The driver watches the application's task slots during an interval: while they
+    stay as dealt nothing happens; when an executor joins or leaves, the interval ends
+    (once) so the next one deals the queues over the slots there are."""
+    reads: list[int] = []
+    enough = threading.Event()
+
+    def steady() -> tuple[int, int]:
+        reads.append(4)
+        if len(reads) >= 20:
+            enough.set()
+        return 4, 0
+
+    calls: list[str] = []
+    with watch_interval(steady, (4, 0), lambda: calls.append("redeal"), every_s=0.001):
+        assert enough.wait(10)
+    assert calls == [] and len(reads) >= 20
+
+    seen = iter([(4, 0), (4, 0), (2, 0), (3, 0), (2, 0)])
+    changed = threading.Event()
+
+    def redeal() -> None:
+        calls.append("redeal")
+        changed.set()
+
+    with watch_interval(lambda: next(seen, (2, 0)), (4, 0), redeal, every_s=0.001):
+        assert changed.wait(10)
+    assert calls == ["redeal"], "one change ends the interval once"
+    assert next(seen) == (3, 0), "the watch stopped reading at the first change"
+
+
+def test_the_watched_shape_counts_failed_tasks_of_this_querys_running_job_only() -> None:
+    """A failed task of this query's running interval changes its shape; one of an
+    earlier interval (same job group, finished) or of another query does not."""
+    query = _query(_options())
+    jobs = {
+        1: SimpleNamespace(stageIds=[10]),  # an earlier interval of this query
+        2: SimpleNamespace(stageIds=[20, 21]),  # this query's running interval
+        3: SimpleNamespace(stageIds=[30]),  # another query's
+    }
+    stages = {
+        10: SimpleNamespace(numFailedTasks=5),
+        20: SimpleNamespace(numFailedTasks=0),
+        21: SimpleNamespace(numFailedTasks=0),
+        30: SimpleNamespace(numFailedTasks=7),
+    }
+    tracker = SimpleNamespace(
+        getActiveJobsIds=lambda: [2, 3],
+        getJobIdsForGroup=lambda group: [1, 2] if group == query._job_group else [3],
+        getJobInfo=jobs.get,
+        getStageInfo=stages.get,
+    )
+    sc = SimpleNamespace(statusTracker=lambda: tracker, defaultParallelism=4)  # no JVM: its count
+    assert query._shape(sc) == (4, 0)
+    stages[21].numFailedTasks = 1
+    sc.defaultParallelism = 3
+    assert query._shape(sc) == (3, 1)
+
+
+def test_task_slots_are_sparks_count_of_what_runs_at_once_never_zero() -> None:
+    """Spark's own count where it has one (a lost one-core worker of two lowers it to 1,
+    where ``defaultParallelism`` stays 2), at least 1 (no executor registered yet), and
+    ``defaultParallelism`` where the count is out of reach."""
+
+    def context(count: int) -> Any:
+        manager = SimpleNamespace(defaultResourceProfile=lambda: "default")
+        jvm = SimpleNamespace(
+            maxNumConcurrentTasks=lambda rp: count if rp == "default" else -1,
+            resourceProfileManager=lambda: manager,
+        )
+        return SimpleNamespace(_jsc=SimpleNamespace(sc=lambda: jvm), defaultParallelism=2)
+
+    assert [task_slots(context(n)) for n in (2, 1, 0, 7)] == [2, 1, 1, 7]
+    assert task_slots(SimpleNamespace(defaultParallelism=3)) == 3

@@ -30,7 +30,7 @@ import dataclasses
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,12 +220,14 @@ class RealTimeQuery:
                         break
                     assert self._server is not None
                     self._server.resume()  # an interval ended early by a redeal
-                plans = self._plans(*self._share(sc.defaultParallelism))
+                slots = task_slots(sc)
+                plans = self._plans(*self._share(slots))
                 if not plans:  # no queue assigned: nothing to run until the next change
                     self._stopping.wait()
                     break
                 sc.setJobGroup(self._job_group, f"{self.name}: an interval", False)
-                ends = sc.parallelize(plans, len(plans)).map(run_interval).collect()
+                with watch_interval(lambda: self._shape(sc), (slots, 0), self.redeal):
+                    ends = sc.parallelize(plans, len(plans)).map(run_interval).collect()
                 for end in ends:
                     for index, at in end.items():
                         merged = self._positions[index]
@@ -239,6 +241,19 @@ class RealTimeQuery:
                 self._error = exc
         finally:
             _SHARING.leave(self._app, self)
+
+    def _shape(self, sc: Any) -> tuple[int, int]:
+        """The application's task slots, and how many tasks of this query's running
+        interval failed (each one Spark runs again, once a slot is free)."""
+        tracker = sc.statusTracker()
+        active = set(tracker.getActiveJobsIds())
+        failed = 0
+        for job_id in tracker.getJobIdsForGroup(self._job_group):
+            job = tracker.getJobInfo(job_id) if job_id in active else None
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                failed += stage.numFailedTasks if stage is not None else 0
+        return task_slots(sc), failed
 
     def _share(self, slots: int) -> tuple[int, float]:
         """This interval's tasks and length, beside the application's other queries."""
@@ -297,6 +312,70 @@ class RealTimeQuery:
         at = self._positions[index]
         keys = {position_key(layout.queue(q)) for q in _queues(opts)}
         return {**at, "q": {k: v for k, v in at["q"].items() if k in keys}}
+
+
+def task_slots(sc: Any) -> int:
+    """The tasks the application's executors can run at once now, at least 1.
+
+    Spark's own count (``SparkContext.maxNumConcurrentTasks``, which a lost executor
+    lowers at once), not ``defaultParallelism``: on a cluster that one is never under
+    2, so on two one-core workers with one lost the plan kept two tasks for one slot,
+    and the second task's queues waited for a whole interval. Where that count is out
+    of reach (another Spark), ``defaultParallelism``.
+    """
+    try:
+        jvm = sc._jsc.sc()
+        count = jvm.maxNumConcurrentTasks(jvm.resourceProfileManager().defaultResourceProfile())
+    except Exception:  # py4j: a Spark without the method
+        count = sc.defaultParallelism
+    return max(1, int(count))
+
+
+#: How often the driver looks at an interval's shape (task slots, failed tasks).
+WATCH_EVERY_S = 1.0
+
+
+@contextlib.contextmanager
+def watch_interval(
+    read: Callable[[], Hashable],
+    planned: Hashable,
+    on_change: Callable[[], None],
+    every_s: float = WATCH_EVERY_S,
+) -> Iterator[None]:
+    """While the block runs, call ``on_change`` once if ``read()`` moves away from
+    ``planned``: the application's task slots the interval was dealt for, and none of
+    its tasks failed.
+
+    An executor that joined gets queues within a second, not at the interval's end.
+    One that left, or a task that failed, frees every slot after the steps in flight,
+    so the task Spark runs again finds a slot at once instead of waiting for the
+    interval's end (a lost worker's queues paused for up to an interval).
+
+    >>> changed = threading.Event()
+    >>> shapes = iter([(4, 0), (4, 0), (4, 1)])
+    >>> with watch_interval(lambda: next(shapes, (4, 1)), (4, 0), changed.set, every_s=0.01):
+    ...     changed.wait(10)
+    True
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(every_s):
+            try:
+                now = read()
+            except Exception:  # the context is stopping: the interval ends anyway
+                return
+            if now != planned:
+                on_change()
+                return
+
+    watcher = threading.Thread(target=watch, name="real-time interval watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _queues(opts: StageOptions) -> tuple[int, ...]:
