@@ -49,6 +49,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._engine import (
     EngineRun,
+    Sent,
     add_engine_flags,
     create_topic,
     engine_from,
@@ -71,6 +73,7 @@ from benchmarks._engine import (
 )
 from benchmarks.limits import consume, produce_batched, spark_sql_wordcount, wordcount_bodies
 from stream_assets.examples import wordcount, wordcount_arrow
+from stream_assets.plan.topology import Topology
 from stream_assets.runtime.core.shuffle_codec import decode
 from stream_assets.settings import EngineSettings, RocketMQSettings
 
@@ -129,15 +132,28 @@ def marked(bodies: list[bytes]) -> list[bytes]:
     return [body + f" {MARKER}{i}".encode() for i, body in enumerate(bodies)]
 
 
-def latency(
+@dataclass
+class MarkerRun:
+    """A paced WordCount run with a marker word in every message, and when each was seen."""
+
+    topology: Topology
+    run: EngineRun
+    sent: Sent
+    #: Marker index -> store time of the first sink message counting it.
+    first_seen: dict[int, int]
+    #: ``(born_ms, latency_ms)`` per marker counted.
+    samples: list[tuple[int, float]]
+
+
+def marker_run(
     settings: RocketMQSettings,
     args: argparse.Namespace,
     engine: EngineSettings,
     lines_per_s: float,
     exactly_once: bool = False,
-) -> dict[str, float]:
-    """p50/p99 (ms) of marker latency with lines sent at ``lines_per_s`` (``exactly_once``:
-    the sink's, so a count is seen when its step's transaction is committed)."""
+) -> MarkerRun:
+    """Send ``args.latency_seconds`` of marked WordCount lines at ``lines_per_s`` while an
+    instance runs; each marker's latency: send -> store of its first count."""
     msgs_per_s = lines_per_s / args.lines_per_message
     count = max(100, int(msgs_per_s * args.latency_seconds))
     bodies = marked(wordcount_bodies(count * args.lines_per_message, args.lines_per_message, 9))
@@ -161,7 +177,21 @@ def latency(
     if len(first_seen) != count:
         print(f"warning: {len(first_seen)} of {count} markers counted", file=sys.stderr)
     samples = [(sent.born_ms[i], float(first_seen[i] - sent.born_ms[i])) for i in first_seen]
-    shuffled = marker_shuffle_times(settings, topology.stages[1].input_topic)
+    return MarkerRun(topology, run, sent, first_seen, samples)
+
+
+def latency(
+    settings: RocketMQSettings,
+    args: argparse.Namespace,
+    engine: EngineSettings,
+    lines_per_s: float,
+    exactly_once: bool = False,
+) -> dict[str, float]:
+    """p50/p99 (ms) of marker latency with lines sent at ``lines_per_s`` (``exactly_once``:
+    the sink's, so a count is seen when its step's transaction is committed)."""
+    marks = marker_run(settings, args, engine, lines_per_s, exactly_once)
+    run, sent, first_seen, samples = marks.run, marks.sent, marks.first_seen, marks.samples
+    shuffled = marker_shuffle_times(settings, marks.topology.stages[1].input_topic)
     return {
         "latency_target_lines_per_s": lines_per_s,
         "latency_sent_lines_per_s": sent.msgs_per_s * args.lines_per_message,
