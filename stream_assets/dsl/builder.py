@@ -6,7 +6,7 @@ Callable style (WordCount)::
     >>> b = StreamBuilder("wordcount")
     >>> (b.source("sourceTopic", text_deserializer)
     ...   .flat_map(str.split)
-    ...   .key_by(lambda w: w)
+    ...   .key_by()
     ...   .count()
     ...   .to_rstream()
     ...   .sink("wordcount-out"))
@@ -40,6 +40,7 @@ from stream_assets.operators.aggregates import (
     Min,
     Sum,
     field_or_fn,
+    whole_value,
 )
 from stream_assets.operators.joins import JoinCollect
 from stream_assets.operators.processor import Processor
@@ -305,9 +306,10 @@ class RStream:
         return self._b._add(node)
 
     def key_by(
-        self, selector: Callable[[Any], Any] | str, *, name: str | None = None
+        self, selector: Callable[[Any], Any] | str | None = None, *, name: str | None = None
     ) -> GroupedStream:
-        """Group by fn(value) (or a field name); records shuffle by key hash.
+        """Group by fn(value) (or a field name; none: the value itself, which saves a
+        call per element where the stage counts); records shuffle by key hash.
 
         Also after an aggregate: each key_by cuts a new stage with its own shuffle topic.
         ``name``: the default name of the aggregate or processor that follows (what its
@@ -315,7 +317,8 @@ class RStream:
         """
         if name is not None:
             validate_operator_name(name)
-        grouped = GroupedStream(self, _key_selector(selector, "key_by"), self._window, name=name)
+        key = whole_value if selector is None else _key_selector(selector, "key_by")
+        grouped = GroupedStream(self, key, self._window, name=name)
         self._b._open_groups.append(grouped)
         return grouped
 

@@ -19,11 +19,6 @@ def split_words(line: str) -> list[str]:
     return line.lower().split()
 
 
-def identity(word: str) -> str:
-    """The grouping key of a word is the word."""
-    return word
-
-
 def build(
     job_id: str = "wordcount",
     source: str = "sourceTopic",
@@ -35,7 +30,7 @@ def build(
     (
         builder.source(source, text_deserializer)
         .flat_map(split_words)
-        .key_by(identity)
+        .key_by()  # the word itself
         .count()
         .to_rstream()
         .sink(sink)

@@ -16,7 +16,6 @@ topics in Dagster's lineage::
 from __future__ import annotations
 
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples.wordcount import identity
 from stream_assets.operators.batches import lower_words
 from stream_assets.plan.topology import Topology
 from stream_assets.serde import text_deserializer
@@ -46,7 +45,7 @@ def count_words(builder: StreamBuilder, source: str, sink: str) -> None:
     (
         builder.source(source, text_deserializer)
         .flat_map_batches(lower_words)
-        .key_by(identity)
+        .key_by()
         .count()
         .to_rstream()
         .sink(sink)

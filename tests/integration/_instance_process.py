@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from stream_assets.dsl.builder import StreamBuilder
-from stream_assets.examples.wordcount import identity, split_words
+from stream_assets.examples.wordcount import split_words
 from stream_assets.plan.topology import Topology
 from stream_assets.runtime.spark.instance import Instance
 from stream_assets.serde import json_deserializer, text_deserializer
@@ -56,7 +56,7 @@ def build(job: str) -> Topology:
     (
         builder.source(topics.lines, text_deserializer)
         .flat_map(split_words)
-        .key_by(identity)
+        .key_by()
         .count()
         .to_rstream()
         .sink(topics.counts)

@@ -245,13 +245,12 @@ class _QueueBatch:
         self, record: Record, entries: list[Any], where: str, closed: int | None
     ) -> None:
         """Fold pre-combined entries, or keep them where a key's partials merge first."""
-        partials = self.partials
+        if self.partials is not None:
+            self.partials.add(entries, where, record)
+            return
         for key, ws, we, partial, max_ts, count in entries:
-            if partials is not None:
-                partials.add(key, partial, max_ts, count, where, record)
-            else:
-                window = Window(ws, we) if ws is not None else None
-                self._fold_partial(key, window, partial, count, max_ts, where, closed, record)
+            window = Window(ws, we) if ws is not None else None
+            self._fold_partial(key, window, partial, count, max_ts, where, closed, record)
 
     def _apply_across(self, record: Record, body: dict[str, Any]) -> None:
         """Apply a message pre-combined across several origins (stage0/across_queues.py):
@@ -313,10 +312,10 @@ class _QueueBatch:
         so its parts go one by one, each its own dead letter if it fails alone."""
         if not self.partials:
             return
-        slots = self.partials.drain()
-        if isinstance(self.logic, PlainAggregate):  # always, where partials merge
-            slots = iter(self.logic.fold_merged(self.batch, slots))
-        for key, merged, ts, count, parts in slots:
+        step = self.partials.drain()
+        assert isinstance(self.logic, PlainAggregate)  # partials_for: unwindowed only
+        for key, merged, ts, count, slot_key in self.logic.fold_merged(self.batch, step):
+            parts = step.parts(slot_key)
             if merged is not FAILED:
                 try:
                     self._fold(key, None, merged, count, None, ts, parts[-1][3], None)
