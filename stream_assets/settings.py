@@ -233,8 +233,10 @@ class EngineSettings(BaseSettings):
         default=2_000,
         gt=0,
         description="Real-time mode: at most this many records per stage in one step of a "
-        "task (2 000 against 10 000: p99 at half the max 149 ms against 268 ms passthrough, "
-        "981 ms against 1 462 ms WordCount, for 10-18 % less maximum; docs/benchmarks.md).",
+        "task while it keeps up (2 000 against 10 000: p99 at half the max 149 ms against "
+        "268 ms passthrough, 981 ms against 1 462 ms WordCount; docs/benchmarks.md); a stage "
+        "that is behind doubles it step by step, up to 4x, until a step takes less "
+        "(docs/engine.md).",
     )
     real_time_tasks: int = Field(
         default=0,

@@ -62,6 +62,12 @@ from stream_assets.runtime.drive.queues import TaskContext, run_range, run_sourc
 _GC_YOUNGEST = 20_000
 #: The first wait when nothing arrived; it doubles up to the plan's ``idle_poll_s``.
 _FIRST_WAIT_S = 0.001
+#: A stage that is behind (its step took its whole budget) doubles its next step's
+#: budget, up to this many times ``step_max_records``; one that caught up goes back.
+#: Each step's results (a count per key it touched) and fixed costs are paid per
+#: step, so a backlog read in larger steps is read sooner; a step stays short
+#: enough that a stop or a rebalance waits well under a second for it.
+CATCH_UP_GROWTH = 4
 #: A position's entry for the ends stage 0 planned, per queue: the next interval's
 #: combine bounds never go below them.
 PLANNED = "planned"
@@ -123,6 +129,21 @@ def run_interval(plan: IntervalPlan) -> dict[int, dict[str, Any]]:
         client.close()
 
 
+def next_budget(budget: int, taken: int, base: int) -> int:
+    """The next step's budget of records after a step that took ``taken`` of ``budget``:
+    doubled while the stage is behind (it took all of it), up to
+    :data:`CATCH_UP_GROWTH` times ``base``; ``base`` once it has caught up.
+
+    >>> next_budget(2_000, 2_000, 2_000), next_budget(8_000, 8_000, 2_000)
+    (4000, 8000)
+    >>> next_budget(8_000, 1_200, 2_000)
+    2000
+    """
+    if taken < budget:
+        return base
+    return min(budget * 2, base * CATCH_UP_GROWTH)
+
+
 class _Task:
     """The planners and contexts of one task, and where each stage has got to."""
 
@@ -137,6 +158,8 @@ class _Task:
         }
         self.contexts = dict(plan.contexts)
         self.positions = {i: dict(p) for i, p in plan.positions.items()}
+        #: Per stage, its next step's budget of records (see CATCH_UP_GROWTH).
+        self.budgets = dict.fromkeys(plan.contexts, plan.step_max_records)
         # Pinned by every stage's layouts (one producer per process), as a step's own.
         producers = [ctx.producer for ctx in self.contexts.values()]
         for pin in producers:
@@ -187,11 +210,15 @@ class _Task:
         moved = False
         for index, planner in self.planners.items():
             start = self.positions[index]
-            end = planner.latest(start, self.plan.step_max_records)
+            budget = self.budgets[index]
+            end = planner.latest(start, budget)
             stage = self.contexts[index].stage.stage
             # A positioned stage's sends are all stored before its delta: never held.
             source = stage.source is not None and not stage.positioned
             ranges = planner.ranges(start, end)
+            self.budgets[index] = next_budget(
+                budget, sum(r.end - r.start for r in ranges), self.plan.step_max_records
+            )
             moved = moved or any(r.end > r.start for r in ranges)
             together = self._together(index, ranges, client) if source else None
             if together is not None:
