@@ -66,7 +66,8 @@ _FIRST_WAIT_S = 0.001
 #: budget, up to this many times ``step_max_records``; one that caught up goes back.
 #: Each step's results (a count per key it touched) and fixed costs are paid per
 #: step, so a backlog read in larger steps is read sooner; a step stays short
-#: enough that a stop or a rebalance waits well under a second for it.
+#: enough for a stop or a rebalance to wait on (a WordCount task's step with stage 0
+#: at 8 000 messages, 160 000 lines, took 0.3-0.7 s on two cores).
 CATCH_UP_GROWTH = 4
 #: A position's entry for the ends stage 0 planned, per queue: the next interval's
 #: combine bounds never go below them.
