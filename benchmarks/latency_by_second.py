@@ -72,15 +72,14 @@ def main() -> None:
     warm_spark(settings, engine, wordcount.build)
     marks = marker_run(settings, runs, engine, args.rate)
     rows = by_second(marks.samples)
-    steady = [r["p99_ms"] for r in rows if r["second"] >= args.warmup]
+    steady = [r for r in rows if r["second"] >= args.warmup]
+    worst = max(steady, key=lambda r: r["p99_ms"])
     summary = {
         "rate": args.rate,
         "seconds": len(rows),
-        "median_second_p99_ms": statistics.median(steady),
-        "worst_second_p99_ms": max(steady),
-        "worst_second": max(
-            (r for r in rows if r["second"] >= args.warmup), key=lambda r: r["p99_ms"]
-        )["second"],
+        "median_second_p99_ms": statistics.median(r["p99_ms"] for r in steady),
+        "worst_second_p99_ms": worst["p99_ms"],
+        "worst_second": worst["second"],
     }
     for row in [*rows, summary]:
         if args.json:

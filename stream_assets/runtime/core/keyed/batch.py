@@ -50,7 +50,7 @@ from stream_assets.runtime.core.keyed.aggregates import PlainAggregate
 from stream_assets.runtime.core.keyed.batch_state import BatchState
 from stream_assets.runtime.core.keyed.logic import KeyedBatch
 from stream_assets.runtime.core.keyed.logics import logic_for
-from stream_assets.runtime.core.keyed.partials import FAILED, partials_for
+from stream_assets.runtime.core.keyed.partials import partials_for
 from stream_assets.runtime.core.keyed.results import result_key
 from stream_assets.runtime.core.ports import Sender
 from stream_assets.runtime.core.shuffle_codec import ShuffleProtocolError, decode, encode_key
@@ -316,7 +316,9 @@ class _QueueBatch:
         assert isinstance(self.logic, PlainAggregate)  # partials_for: unwindowed only
         for key, merged, ts, count, slot_key in self.logic.fold_merged(self.batch, step):
             parts = step.parts(slot_key)
-            if merged is not FAILED:
+            # A None merge is the one fold_merged leaves untried (it adds, not merges);
+            # any other it tried and saw fail, and trying it again would fail alike.
+            if merged is None:
                 try:
                     self._fold(key, None, merged, count, None, ts, parts[-1][3], None)
                     continue
