@@ -10,10 +10,13 @@ same run), measured in the same run on the same broker:
 1. the engine's maximum: a fresh instance over a backlog already in its
    source topic, from ``Instance.start`` to the last input committed
    (records or lines per second);
-2. latency at half that maximum: input sent at that steady pace for
-   ``--seconds`` while an instance runs; latency = the sink message's store
-   time - the send time of the record it came from (passthrough: every
-   record; wordcount: a word unique to each message, its first count).
+2. latency at half that maximum: a fresh instance reads a few warm-up
+   messages through every stage (its start is ``footprint.py``'s figure), then
+   input is sent at that steady pace (one ``send_all`` every 20 ms, about 8 %
+   of a core at WordCount's half max) for ``--seconds``; latency = the sink
+   message's store time - the send time of the record it came from
+   (passthrough: every record; wordcount: a word unique to each message, its
+   first count).
 
 Prints one JSON object per (mode, workload) with at least ``mode``,
 ``workload``, ``p50_ms``, ``p99_ms``, ``sent_per_s`` (what the producer

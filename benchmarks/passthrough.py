@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._engine import (
+    WARM_UP_MESSAGES,
     EngineRun,
     add_engine_flags,
     create_topic,
@@ -94,6 +95,7 @@ def latency(
         count,
         args.queues,
         records_per_s,
+        warm_up=[b"warm-up"] * WARM_UP_MESSAGES,
     )
     born = sent.born_at()
     samples: list[tuple[int, float]] = []
@@ -102,7 +104,7 @@ def latency(
         # keys: [the sink's key] job/op/<topic>/<queue>/<offset>/<n> (the engine's, last)
         parts = (r.keys[-1] if r.keys else "").split("/")
         origin = (int(parts[-3]), int(parts[-2]))
-        if origin in seen:  # a replayed batch's copy
+        if origin in seen or origin not in born:  # a replayed batch's copy, or a warm-up
             continue
         seen.add(origin)
         samples.append((born[origin], float(r.store_timestamp - born[origin])))

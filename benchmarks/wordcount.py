@@ -56,6 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._engine import (
+    WARM_UP_MESSAGES,
     EngineRun,
     Sent,
     add_engine_flags,
@@ -167,6 +168,7 @@ def marker_run(
         count * args.lines_per_message,
         args.queues,
         msgs_per_s,
+        warm_up=wordcount_bodies(WARM_UP_MESSAGES * args.lines_per_message, args.lines_per_message),
     )
     first_seen: dict[int, int] = {}
     for r in read_all(settings, f"{job}-out"):
