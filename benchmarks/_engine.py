@@ -250,11 +250,7 @@ def run_live(
     instance = Instance(topology, rocketmq=settings, engine=engine, progress=_quiet)
     instance.start()
     if warm_up:
-        with BatchProducer(settings) as producer:
-            topic = topology.source_topic
-            producer.send_all(
-                [OutgoingMessage(topic, b, key=f"warm-{i}") for i, b in enumerate(warm_up)]
-            )
+        produce_paced(settings, topology.source_topic, warm_up, None)
         instance.await_caught_up(300, poll_s=0.05)
     start_wall = time.time()
     sent = produce_paced(settings, topology.source_topic, bodies, msgs_per_s)
